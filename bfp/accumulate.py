@@ -1,0 +1,269 @@
+"""Accumulator emulation: GEMMs whose partial sums live in a narrow float format.
+
+A real low-precision GEMM unit rounds its running sum to the accumulator format
+(e.g. fp16 or bf16) as it goes; an FP32 GEMM followed by one rounding hides the
+error that swamping of small addends by a large running sum causes. Two
+implementations, both on top of ``bfp.quantize``:
+
+``accumulate_matmul_reference(a, b, acc)``
+    The specification, sequential over the reduction dimension ``K``: every
+    product ``a[m, j] * b[j, n]`` (a float32 product) is rounded to
+    ``acc.fmt``, and every addition to the running sum is rounded, in order
+    ``j = 0, 1, ..., K-1``. The running sum starts as the first rounded
+    product. Vectorised over the output elements only, so it is slow for
+    large ``K``; it exists to be obviously right.
+
+``accumulate_matmul(a, b, acc)``
+    The fast blocked emulation: ``K`` is cut into chunks of ``acc.chunk``
+    elements (the last may be shorter); each chunk's dot product is computed
+    in float32 by one batched GEMM (summation order inside a chunk is the BLAS
+    library's), rounded to ``acc.fmt``, and added to the running sum, which is
+    rounded after every chunk. With ``chunk=1`` a chunk's dot product is one
+    product, so the result equals the reference bit for bit (tested). Larger
+    chunks model hardware with a ``chunk``-wide dot-product unit that feeds a
+    narrow accumulator.
+
+With ``acc.kahan`` both add with Kahan compensation, every operation of the
+compensated sum (``y = t - c``, ``s + y``, ``(s' - s) - y``) rounded to
+``acc.fmt``: the compensation term lives in the same narrow registers, as in
+the CPD emulator. Stochastic rounding in ``acc.fmt`` draws from ``generator``;
+the two implementations then only agree in distribution.
+
+Inputs are computed in float32 (float16/bfloat16/float64 are converted) and
+the result is returned in the inputs' promoted dtype. Convolutions are lowered
+to these matmuls (``accumulate_conv2d*``): the reduction order is the im2col
+order ``(c, kh, kw)`` forward, ``(o, kh, kw)`` for the input gradient and
+``(n, oh, ow)`` for the weight gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .formats import Float, format_from_dict
+from .kernels import quantize
+
+GEMMS = ("forward", "input_grad", "weight_grad")
+# Chunk partial sums are materialised in slabs of at most this many elements
+# (64 MiB of float32) so memory stays bounded for large K.
+_SLAB_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """An emulated accumulator: partial sums rounded to ``fmt``.
+
+    ``chunk``: reduction elements summed in float32 before each rounding of the
+    running sum (``1`` = round after every product and every add). ``kahan``:
+    compensated summation in ``fmt``. ``gemms``: which GEMMs of a layer use it,
+    any of ``"forward"``, ``"input_grad"``, ``"weight_grad"`` (all by default:
+    a narrow accumulator in hardware serves every GEMM it runs).
+    """
+
+    fmt: Float
+    chunk: int = 32
+    kahan: bool = False
+    gemms: tuple[str, ...] = GEMMS
+
+    def __post_init__(self):
+        if not isinstance(self.fmt, Float):
+            raise ValueError(f"Accumulator fmt must be a Float format, got {self.fmt!r}")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"Accumulator chunk must be a positive integer, got {self.chunk!r}")
+        if not isinstance(self.kahan, bool):
+            raise ValueError(f"Accumulator kahan must be True or False, got {self.kahan!r}")
+        gemms = (self.gemms,) if isinstance(self.gemms, str) else self.gemms
+        try:
+            gemms = tuple(gemms)
+        except TypeError:
+            raise ValueError(f"Accumulator gemms must be a sequence of names, got {self.gemms!r}") from None
+        bad = [g for g in gemms if g not in GEMMS]
+        if bad or not gemms:
+            raise ValueError(f"Accumulator gemms {list(gemms)!r} invalid; allowed: a non-empty subset "
+                             f"of {', '.join(GEMMS)}")
+        object.__setattr__(self, "gemms", tuple(g for g in GEMMS if g in gemms))
+
+    def uses(self, gemm: str) -> bool:
+        return gemm in self.gemms
+
+    def __repr__(self) -> str:
+        extra = ", kahan=True" if self.kahan else ""
+        extra += "" if self.gemms == GEMMS else f", gemms={list(self.gemms)}"
+        return f"Accumulator(e{self.fmt.exp}m{self.fmt.man}, chunk={self.chunk}{extra})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fmt": self.fmt.to_dict(), "chunk": self.chunk, "kahan": self.kahan,
+                "gemms": list(self.gemms)}
+
+
+def accumulator_from_dict(d: dict[str, Any]) -> Accumulator:
+    """Inverse of ``Accumulator.to_dict``; unknown keys are rejected by name."""
+    if not isinstance(d, dict) or "fmt" not in d:
+        raise ValueError(f"an accumulator dict needs a 'fmt' key, got {d!r}")
+    unknown = set(d) - {"fmt", "chunk", "kahan", "gemms"}
+    if unknown:
+        raise ValueError(f"unknown accumulator keys {sorted(unknown)}; allowed: fmt, chunk, kahan, gemms")
+    kw = dict(d)
+    kw["fmt"] = format_from_dict(d["fmt"])
+    return Accumulator(**kw)
+
+
+# -- matmul --------------------------------------------------------------------------
+
+def _operands(a: torch.Tensor, b: torch.Tensor, acc: Accumulator):
+    """Validate, broadcast the batch dims and flatten to (B, M, K) and (B, K, N) float32."""
+    if not isinstance(acc, Accumulator):
+        raise ValueError(f"acc must be an Accumulator, got {acc!r}")
+    if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"accumulated matmul needs a (..., M, K) and b (..., K, N), got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    out_dtype = torch.promote_types(a.dtype, b.dtype)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    (m, k), n = a.shape[-2:], b.shape[-1]
+    a3 = a.float().expand(*batch, m, k).reshape(-1, m, k)
+    b3 = b.float().expand(*batch, k, n).reshape(-1, k, n)
+    return a3, b3, (*batch, m, n), out_dtype
+
+
+def _sum_terms(terms: Iterator[torch.Tensor], acc: Accumulator, rnd: Callable) -> Optional[torch.Tensor]:
+    """Add already-rounded terms in order, rounding every step (Kahan if asked)."""
+    s = comp = None
+    for t in terms:
+        if s is None:
+            s, comp = t, torch.zeros_like(t)
+        elif acc.kahan:
+            y = rnd(t - comp)
+            total = rnd(s + y)
+            comp = rnd(rnd(total - s) - y)
+            s = total
+        else:
+            s = rnd(s + t)
+    return s
+
+
+def _finish(s, shape, out_dtype, like):
+    if s is None:  # K == 0: an empty sum
+        return torch.zeros(shape, dtype=out_dtype, device=like.device)
+    return s.reshape(shape).to(out_dtype)
+
+
+def accumulate_matmul_reference(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
+                                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``a @ b`` summed sequentially over K, rounding every product and every add.
+
+    The specification of ``accumulate_matmul``; see the module docstring.
+    """
+    a3, b3, shape, out_dtype = _operands(a, b, acc)
+    rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
+    products = (rnd(a3[:, :, j:j + 1] * b3[:, j:j + 1, :]) for j in range(a3.shape[-1]))
+    s = _sum_terms(products, acc, rnd)
+    return _finish(s, shape, out_dtype, a)
+
+
+def _chunk_sums(a3: torch.Tensor, b3: torch.Tensor, chunk: int, rnd: Callable) -> Iterator[torch.Tensor]:
+    """Rounded float32 dot products of successive K-chunks, each (B, M, N), in order.
+
+    Full chunks are computed a slab at a time with one batched GEMM and one
+    quantize call; the short tail chunk (if any) last.
+    """
+    bsz, m, k = a3.shape
+    n = b3.shape[-1]
+    nfull = k // chunk
+    per_slab = max(1, _SLAB_ELEMENTS // max(1, bsz * m * n))
+    for c0 in range(0, nfull, per_slab):
+        c1 = min(nfull, c0 + per_slab)
+        g = c1 - c0
+        ab = a3[:, :, c0 * chunk:c1 * chunk].reshape(bsz, m, g, chunk).permute(2, 0, 1, 3)
+        bb = b3[:, c0 * chunk:c1 * chunk, :].reshape(bsz, g, chunk, n).transpose(0, 1)
+        if chunk == 1:  # an outer product: exactly the float32 products of the reference
+            sums = ab * bb
+        else:
+            sums = torch.matmul(ab, bb)
+        yield from rnd(sums).unbind(0)
+    if nfull * chunk < k:
+        yield rnd(torch.matmul(a3[:, :, nfull * chunk:], b3[:, nfull * chunk:, :]))
+
+
+def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
+                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``a @ b`` (broadcasting batch dims) with a blocked narrow accumulator.
+
+    Float32 dot products over ``acc.chunk``-element chunks of K, each rounded
+    to ``acc.fmt`` and added to a running sum rounded after every chunk
+    (Kahan-compensated with ``acc.kahan``). ``chunk=1`` equals
+    ``accumulate_matmul_reference`` exactly.
+    """
+    a3, b3, shape, out_dtype = _operands(a, b, acc)
+    rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
+    return _finish(_sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd), shape, out_dtype, a)
+
+
+# -- convolution (im2col + accumulated matmul) ---------------------------------------
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def accumulate_conv2d(x: torch.Tensor, w: torch.Tensor, acc: Accumulator, stride=1, padding=0,
+                      dilation=1, groups: int = 1, *,
+                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``F.conv2d(x, w)`` (no bias) with the reduction over ``(c, kh, kw)`` accumulated by ``acc``."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    if c != cg * groups or o % groups:
+        raise ValueError(f"conv shapes do not match: input {tuple(x.shape)}, weight {tuple(w.shape)}, "
+                         f"groups={groups}")
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
+    cols = cols.reshape(n, groups, cg * kh * kw, ho * wo)
+    wmat = w.reshape(groups, o // groups, cg * kh * kw)
+    y = accumulate_matmul(wmat, cols, acc, generator=generator)  # (N, G, O/G, L)
+    return y.reshape(n, o, ho, wo)
+
+
+def accumulate_conv2d_input(grad: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
+                            acc: Accumulator, stride=1, padding=0, dilation=1, groups: int = 1, *,
+                            generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Input gradient of ``conv2d`` as a direct convolution, so the whole reduction is accumulated.
+
+    The transposed convolution is rewritten as a stride-1 convolution of the
+    zero-dilated, padded output gradient with the flipped, transposed weight
+    (no col2im overlap-add, which would sum in float32 outside the emulated
+    accumulator). The reduction runs over ``(o, kh, kw)``; the inserted zeros
+    add exact zeros.
+    """
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    n, o, ho, wo = grad.shape
+    _, cg, kh, kw = w.shape
+    h, wd = input_shape[-2:]
+    if stride != (1, 1):
+        dil = grad.new_zeros(n, o, (ho - 1) * stride[0] + 1, (wo - 1) * stride[1] + 1)
+        dil[:, :, ::stride[0], ::stride[1]] = grad
+        grad = dil
+    pads = []
+    for size, out, k, s, p, d in ((wd, wo, kw, stride[1], padding[1], dilation[1]),
+                                 (h, ho, kh, stride[0], padding[0], dilation[0])):
+        pads += [d * (k - 1) - p, size - (out - 1) * s - 1 + p]  # negative entries crop
+    grad = F.pad(grad, pads)
+    wt = w.reshape(groups, o // groups, cg, kh, kw).transpose(1, 2).flip(-2, -1)
+    wt = wt.reshape(groups * cg, o // groups, kh, kw)
+    return accumulate_conv2d(grad, wt, acc, 1, 0, dilation, groups, generator=generator)
+
+
+def accumulate_conv2d_weight(grad: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int],
+                             acc: Accumulator, stride=1, padding=0, dilation=1, groups: int = 1, *,
+                             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Weight gradient of ``conv2d``: reduction over ``(n, oh, ow)`` accumulated by ``acc``."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    o, cg, kh, kw = weight_shape
+    n = x.shape[0]
+    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
+    length = cols.shape[-1]
+    cols = cols.reshape(n, groups, cg * kh * kw, length).permute(1, 0, 3, 2).reshape(groups, -1, cg * kh * kw)
+    g = grad.reshape(n, groups, o // groups, length).permute(1, 2, 0, 3).reshape(groups, o // groups, -1)
+    return accumulate_matmul(g, cols, acc, generator=generator).reshape(o, cg, kh, kw)

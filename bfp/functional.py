@@ -1,0 +1,295 @@
+"""Quantized GEMM-like ops as autograd Functions: the layer between kernels and modules.
+
+One Function, ``QGemmFunction``, serves every op (linear, conv1d, conv2d,
+matmul); an op object supplies the three GEMMs (forward, input gradient,
+weight gradient) and the bias gradient. The nine points (``bfp.precision``)
+are applied around them:
+
+* forward: ``y = fo(op(fi(x), fw(w)) + b)``; the bias is added once, by the
+  op itself (``F.linear``/``F.conv2d`` with their bias argument), before ``fo``.
+* input gradient: ``dx = big(op_input_grad(bio(dy), biw(w)))``.
+* weight gradient: ``dw = bwg(op_weight_grad(bwo(dy), bwi(x)))``.
+* bias gradient: the sum of the *unquantized* output gradient ``dy`` over all
+  non-channel dims, in float32 and outside any emulated accumulator. The
+  bias gradient is a reduction in the vector unit, not a GEMM, so none of
+  the nine points covers it; quantize it in the optimizer if needed.
+
+Quantizers are straight-through: the gradient of a rounding is the identity.
+``x`` and ``w`` in backward are the full-precision tensors the forward
+received (``backward_source="full"``, the default) or the ``fi``/``fw``
+quantized copies (``"quantized"``). Nothing is modified in place: every
+quantization returns a new tensor, so a residual branch that shares ``x``
+sees it unchanged. The precision is captured when the forward runs; a
+``set_format`` between forward and backward takes effect at the next step.
+
+With every point off and no accumulator the functional forms call the plain
+PyTorch op (no Function at all); the Function itself is also bit-identical
+to PyTorch in that case (tested), because its backward calls the same ATen
+kernels autograd uses.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input,
+                         accumulate_conv2d_weight, accumulate_matmul)
+from .formats import Format
+from .kernels import quantize
+from .precision import LayerPrecision
+
+__all__ = ["QGemmFunction", "Quantizer", "layer_quantizer", "qlinear", "qconv1d", "qconv2d", "qmatmul"]
+
+# quantizer(point, tensor, fmt) -> new tensor
+Quantizer = Callable[[str, Tensor, Format], Tensor]
+
+
+def _plain_quantizer(generator: Optional[torch.Generator]) -> Quantizer:
+    return lambda point, t, fmt: quantize(t, fmt, generator=generator)
+
+
+def layer_quantizer(layer) -> Quantizer:
+    """The quantizer of a Q-layer: its ``quantize_hook`` if set, else ``bfp.quantize``.
+
+    Both attributes are read at every call, so a hook installed between the
+    forward and the backward pass already sees the backward points.
+    """
+    def q(point: str, t: Tensor, fmt: Format) -> Tensor:
+        hook = layer.quantize_hook
+        if hook is None:
+            return quantize(t, fmt, generator=layer.generator)
+        out = hook(layer, point, t, fmt)
+        if not isinstance(out, Tensor) or out.shape != t.shape:
+            raise ValueError(f"quantize_hook must return a tensor of shape {tuple(t.shape)} for point "
+                             f"{point!r}, got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
+        return out
+    return q
+
+
+def _point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> Tensor:
+    return t if fmt is None else q(point, t, fmt)
+
+
+def _acc_for(acc: Optional[Accumulator], gemm: str) -> Optional[Accumulator]:
+    return acc if acc is not None and acc.uses(gemm) else None
+
+
+# -- ops: the three GEMMs of each layer type -------------------------------------------
+
+class _LinearOp:
+    """``y = x W^T + b`` on inputs (..., C): the GEMMs run on (rows, C) matrices."""
+
+    def forward(self, x, w, b, acc, gen):
+        if acc is None:
+            return F.linear(x, w, b)
+        y = accumulate_matmul(x.reshape(-1, x.shape[-1]), w.t(), acc, generator=gen)
+        y = y.reshape(*x.shape[:-1], w.shape[0])
+        return y if b is None else y + b
+
+    def grad_input(self, g, w, x, acc, gen):
+        if acc is None:
+            return g.matmul(w)
+        return accumulate_matmul(g.reshape(-1, g.shape[-1]), w, acc, generator=gen).reshape(x.shape)
+
+    def grad_weight(self, g, x, w, acc, gen):
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        if acc is None:
+            return g2.t().mm(x2)
+        return accumulate_matmul(g2.t(), x2, acc, generator=gen)
+
+    def grad_bias(self, g, x, w):
+        return g.reshape(-1, g.shape[-1]).sum(0)
+
+
+class _ConvOp:
+    """Conv1d/Conv2d with int padding; backward through the ATen kernel autograd uses."""
+
+    def __init__(self, dims: int, stride, padding, dilation, groups: int):
+        self.dims, self.groups = dims, groups
+        self.stride, self.padding, self.dilation = (_ntuple(v, dims) for v in (stride, padding, dilation))
+
+    def _backward(self, g, x, w, mask):
+        return torch.ops.aten.convolution_backward(
+            g, x, w, [w.shape[0]], list(self.stride), list(self.padding), list(self.dilation),
+            False, [0] * self.dims, self.groups, mask)
+
+    def _as2d(self):
+        """Conv1d runs as a conv2d of height 1 in the accumulator path."""
+        if self.dims == 2:
+            return self.stride, self.padding, self.dilation, (lambda t: t), (lambda t: t)
+        lift = (lambda v: (1,) + tuple(v))
+        return (*map(lift, (self.stride, self.padding, self.dilation)),
+                (lambda t: t.unsqueeze(-2)), (lambda t: t.squeeze(-2)))
+
+    def forward(self, x, w, b, acc, gen):
+        if acc is None:
+            conv = F.conv2d if self.dims == 2 else F.conv1d
+            return conv(x, w, b, self.stride, self.padding, self.dilation, self.groups)
+        s, p, d, up, down = self._as2d()
+        y = down(accumulate_conv2d(up(x), up(w), acc, s, p, d, self.groups, generator=gen))
+        return y if b is None else y + b.reshape(-1, *([1] * self.dims))
+
+    def grad_input(self, g, w, x, acc, gen):
+        if acc is None:
+            return self._backward(g, x, w, [True, False, False])[0]
+        s, p, d, up, down = self._as2d()
+        return down(accumulate_conv2d_input(up(g), up(w), up(x).shape, acc, s, p, d, self.groups,
+                                            generator=gen))
+
+    def grad_weight(self, g, x, w, acc, gen):
+        if acc is None:
+            return self._backward(g, x, w, [False, True, False])[1]
+        s, p, d, up, down = self._as2d()
+        return down(accumulate_conv2d_weight(up(g), up(x), up(w).shape, acc, s, p, d, self.groups,
+                                             generator=gen))
+
+    def grad_bias(self, g, x, w):
+        return self._backward(g, x, w, [False, False, True])[2]
+
+
+class _MatmulOp:
+    """``a @ b`` with broadcast batch dims: ``a`` plays the input, ``b`` the weight."""
+
+    def forward(self, a, b, bias, acc, gen):
+        return torch.matmul(a, b) if acc is None else accumulate_matmul(a, b, acc, generator=gen)
+
+    def grad_input(self, g, b, a, acc, gen):
+        bt = b.transpose(-1, -2)
+        ga = g @ bt if acc is None else accumulate_matmul(g, bt, acc, generator=gen)
+        return ga.sum_to_size(a.shape)
+
+    def grad_weight(self, g, a, b, acc, gen):
+        at = a.transpose(-1, -2)
+        gb = at @ g if acc is None else accumulate_matmul(at, g, acc, generator=gen)
+        return gb.sum_to_size(b.shape)
+
+    def grad_bias(self, g, a, b):  # pragma: no cover - matmul has no bias
+        raise ValueError("matmul has no bias")
+
+
+def _ntuple(v, n: int) -> tuple[int, ...]:
+    return (v,) * n if isinstance(v, int) else tuple(v)
+
+
+class QGemmFunction(torch.autograd.Function):
+    """The nine-point quantized GEMM; see the module docstring for the dataflow."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, op, precision: LayerPrecision, q: Quantizer, generator):
+        p = precision
+        xq, wq = _point(q, "fi", x, p.fi), _point(q, "fw", w, p.fw)
+        y = op.forward(xq, wq, b, _acc_for(p.accumulator, "forward"), generator)
+        y = _point(q, "fo", y, p.fo)
+        ctx.save_for_backward(*((xq, wq) if p.backward_source == "quantized" else (x, w)))
+        ctx.op, ctx.precision, ctx.q, ctx.generator = op, p, q, generator
+        ctx.has_bias = b is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        p, op, q, gen = ctx.precision, ctx.op, ctx.q, ctx.generator
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = op.grad_input(_point(q, "bio", g, p.bio), _point(q, "biw", w, p.biw), x,
+                               _acc_for(p.accumulator, "input_grad"), gen)
+            gx = _point(q, "big", gx, p.big)
+        if ctx.needs_input_grad[1]:
+            gw = op.grad_weight(_point(q, "bwo", g, p.bwo), _point(q, "bwi", x, p.bwi), w,
+                                _acc_for(p.accumulator, "weight_grad"), gen)
+            gw = _point(q, "bwg", gw, p.bwg)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = op.grad_bias(g, x, w)
+        return gx, gw, gb, None, None, None, None
+
+
+def _active(precision: Optional[LayerPrecision]) -> bool:
+    if precision is not None and not isinstance(precision, LayerPrecision):
+        raise ValueError(f"precision must be a LayerPrecision or None, got {precision!r}")
+    return precision is not None and precision.enabled
+
+
+def _apply(x, w, b, op, precision, quantizer, generator):
+    q = quantizer if quantizer is not None else _plain_quantizer(generator)
+    return QGemmFunction.apply(x, w, b, op, precision, q, generator)
+
+
+def qlinear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+            precision: Optional[LayerPrecision] = None, *, quantizer: Optional[Quantizer] = None,
+            generator: Optional[torch.Generator] = None) -> Tensor:
+    """``F.linear`` with the nine points of ``precision``; inputs (..., C), e.g. (N, T, C).
+
+    ``quantizer(point, tensor, fmt)`` replaces ``bfp.quantize`` when given;
+    ``generator`` drives stochastic rounding (points and accumulator).
+    """
+    if not _active(precision):
+        return F.linear(x, weight, bias)
+    return _apply(x, weight, bias, _LinearOp(), precision, quantizer, generator)
+
+
+def _resolve_padding(x: Tensor, padding, weight: Tensor, dilation, dims: int):
+    """Int padding for the Function; ``"same"`` with odd total padding pads ``x`` on the right
+    first, exactly as ATen does, so results stay bit-identical to ``padding="same"``."""
+    if not isinstance(padding, str):
+        return x, padding
+    if padding == "valid":
+        return x, 0
+    if padding != "same":
+        raise ValueError(f"padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+    dilation = _ntuple(dilation, dims)
+    left, extra = [], []
+    for k, d in zip(weight.shape[2:], dilation):
+        total = d * (k - 1)
+        left.append(total // 2)
+        extra.append(total - 2 * (total // 2))
+    if any(extra):
+        x = F.pad(x, [v for e in reversed(extra) for v in (0, e)])
+    return x, tuple(left)
+
+
+def _qconv(dims: int, x, weight, bias, stride, padding, dilation, groups, precision, quantizer, generator):
+    if not _active(precision):
+        conv = F.conv2d if dims == 2 else F.conv1d
+        return conv(x, weight, bias, stride, padding, dilation, groups)
+    x, padding = _resolve_padding(x, padding, weight, dilation, dims)
+    return _apply(x, weight, bias, _ConvOp(dims, stride, padding, dilation, groups), precision,
+                  quantizer, generator)
+
+
+def qconv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1,
+            padding: Union[int, Sequence[int], str] = 0, dilation=1, groups: int = 1,
+            precision: Optional[LayerPrecision] = None, *, quantizer: Optional[Quantizer] = None,
+            generator: Optional[torch.Generator] = None) -> Tensor:
+    """``F.conv2d`` with the nine points of ``precision`` (zero padding; see ``QConv2d``
+    for the other padding modes)."""
+    return _qconv(2, x, weight, bias, stride, padding, dilation, groups, precision, quantizer, generator)
+
+
+def qconv1d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, stride=1,
+            padding: Union[int, Sequence[int], str] = 0, dilation=1, groups: int = 1,
+            precision: Optional[LayerPrecision] = None, *, quantizer: Optional[Quantizer] = None,
+            generator: Optional[torch.Generator] = None) -> Tensor:
+    """``F.conv1d`` with the nine points of ``precision``."""
+    return _qconv(1, x, weight, bias, stride, padding, dilation, groups, precision, quantizer, generator)
+
+
+def qmatmul(a: Tensor, b: Tensor, precision: Optional[LayerPrecision] = None, *,
+            quantizer: Optional[Quantizer] = None,
+            generator: Optional[torch.Generator] = None) -> Tensor:
+    """``a @ b`` (both at least 2-D, batch dims broadcast) with the nine points.
+
+    ``a`` takes the input roles (``fi``, ``bwi``; its gradient is ``big``),
+    ``b`` the weight roles (``fw``, ``biw``; its gradient is ``bwg``): in
+    attention, ``qmatmul(q, k.transpose(-2, -1))`` and ``qmatmul(p, v)``.
+    """
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"qmatmul needs operands with at least 2 dims, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    if not _active(precision):
+        return torch.matmul(a, b)
+    return _apply(a, b, None, _MatmulOp(), precision, quantizer, generator)

@@ -1,0 +1,184 @@
+"""Drop-in quantized layers: ``QConv1d``, ``QConv2d``, ``QLinear``, ``QMatmul``.
+
+Each is a subclass of the PyTorch layer it replaces (``isinstance(q, nn.Conv2d)``
+stays true, ``state_dict`` keys are unchanged) whose forward goes through
+``bfp.functional``. A layer holds:
+
+* ``precision``: a ``LayerPrecision`` (the nine points and the accumulator),
+  read at every forward; change it with ``set_format(point, fmt)`` or
+  ``set_precision(p)``, e.g. from the dynamic precision controller.
+* ``quantize_hook``: ``None`` or ``hook(layer, point, tensor, fmt) -> Tensor``,
+  called instead of ``bfp.quantize`` at every point, forward and backward
+  (to measure zero-setting error, or to quantize differently).
+* ``generator``: the ``torch.Generator`` of its stochastic rounding.
+
+``from_float`` swaps a float layer for its quantized twin keeping the *same*
+Parameter objects, so optimizers, weight tying and checkpoints are unaffected.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import functional as bfpF
+from .formats import Format, format_from_name
+from .precision import LayerPrecision
+
+__all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "QUANTIZED_TYPES"]
+
+
+def _check_precision(precision: Optional[LayerPrecision]) -> LayerPrecision:
+    if precision is None:
+        return LayerPrecision()
+    if not isinstance(precision, LayerPrecision):
+        raise ValueError(f"precision must be a LayerPrecision or None, got {precision!r}")
+    return precision
+
+
+class _QuantizedMixin:
+    """Precision state and the controls the dynamic-precision engine uses."""
+
+    def _init_quantized(self, precision: Optional[LayerPrecision]) -> None:
+        self.precision = _check_precision(precision)
+        self.quantize_hook = None
+        self.generator: Optional[torch.Generator] = None
+
+    def set_format(self, point: str, fmt: Union[Format, str, None]) -> None:
+        """Set one point's format (a ``Format``, a preset name such as ``"fb16"``, or ``None``)."""
+        if isinstance(fmt, str):
+            fmt = format_from_name(fmt)
+        self.precision = self.precision.with_format(point, fmt)
+
+    def set_precision(self, precision: Optional[LayerPrecision]) -> None:
+        self.precision = _check_precision(precision)
+
+    def _gemm_kwargs(self) -> dict:
+        return {"precision": self.precision, "quantizer": bfpF.layer_quantizer(self),
+                "generator": self.generator}
+
+    def _precision_repr(self) -> str:
+        return f"precision={self.precision!r}"
+
+    @classmethod
+    def _check_source(cls, module: nn.Module, base: type) -> None:
+        if not isinstance(module, base):
+            raise ValueError(f"{cls.__name__}.from_float needs an {base.__module__}.{base.__name__}, "
+                             f"got {type(module).__name__}")
+
+    def _adopt(self, module: nn.Module) -> None:
+        """Take over ``module``'s Parameter objects and training mode (no copies)."""
+        for name, param in module.named_parameters(recurse=False):
+            setattr(self, name, param)
+        self.train(module.training)
+
+
+class QLinear(_QuantizedMixin, nn.Linear):
+    """``nn.Linear`` with the nine quantization points; accepts (..., C) inputs, e.g. (N, T, C)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 precision: Optional[LayerPrecision] = None):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self._init_quantized(precision)
+
+    @classmethod
+    def from_float(cls, module: nn.Linear, precision: Optional[LayerPrecision] = None) -> "QLinear":
+        cls._check_source(module, nn.Linear)
+        with torch.device("meta"):
+            new = cls(module.in_features, module.out_features, module.bias is not None, precision=precision)
+        new._adopt(module)
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        return bfpF.qlinear(x, self.weight, self.bias, **self._gemm_kwargs())
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self._precision_repr()}"
+
+
+class _QConvNd(_QuantizedMixin):
+    _dims = 2
+    _float_type: type = nn.Conv2d
+
+    @classmethod
+    def from_float(cls, module: nn.Module, precision: Optional[LayerPrecision] = None):
+        cls._check_source(module, cls._float_type)
+        with torch.device("meta"):
+            new = cls(module.in_channels, module.out_channels, module.kernel_size, module.stride,
+                      module.padding, module.dilation, module.groups, module.bias is not None,
+                      module.padding_mode, precision=precision)
+        new._adopt(module)
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        padding = self.padding
+        if self.padding_mode != "zeros":  # as nn.ConvNd: pad first; the GEMM operand is the padded x
+            x = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            padding = 0
+        qconv = bfpF.qconv2d if self._dims == 2 else bfpF.qconv1d
+        return qconv(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups,
+                     **self._gemm_kwargs())
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self._precision_repr()}"
+
+
+class QConv2d(_QConvNd, nn.Conv2d):
+    """``nn.Conv2d`` with the nine quantization points."""
+
+    _dims = 2
+    _float_type = nn.Conv2d
+
+    def __init__(self, *args, precision: Optional[LayerPrecision] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_quantized(precision)
+
+
+class QConv1d(_QConvNd, nn.Conv1d):
+    """``nn.Conv1d`` with the nine quantization points."""
+
+    _dims = 1
+    _float_type = nn.Conv1d
+
+    def __init__(self, *args, precision: Optional[LayerPrecision] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_quantized(precision)
+
+
+class Matmul(nn.Module):
+    """``a @ b`` as a module, so a model's attention products have names that
+    conversion configs can address (``"net.attn.qk"``); ``QMatmul`` replaces it."""
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return torch.matmul(a, b)
+
+
+class QMatmul(_QuantizedMixin, nn.Module):
+    """Quantized ``a @ b`` for attention: ``a`` takes the input points (``fi``,
+    ``bwi``, ``big``), ``b`` the weight points (``fw``, ``biw``, ``bwg``).
+    With the default (all-off) precision it is a plain matmul."""
+
+    def __init__(self, precision: Optional[LayerPrecision] = None):
+        super().__init__()
+        self._init_quantized(precision)
+
+    @classmethod
+    def from_float(cls, module: nn.Module, precision: Optional[LayerPrecision] = None) -> "QMatmul":
+        if not isinstance(module, (Matmul, QMatmul)):
+            raise ValueError(f"QMatmul.from_float needs a bfp.layers.Matmul or QMatmul, "
+                             f"got {type(module).__name__}")
+        new = cls(precision)
+        new.train(module.training)
+        return new
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        return bfpF.qmatmul(a, b, **self._gemm_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._precision_repr()
+
+
+QUANTIZED_TYPES = {nn.Conv1d: QConv1d, nn.Conv2d: QConv2d, nn.Linear: QLinear}
