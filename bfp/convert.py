@@ -1,0 +1,228 @@
+"""Model conversion: swap a model's layers for quantized ones by module name.
+
+``convert(model, config)`` replaces every ``nn.Conv1d``/``nn.Conv2d``/
+``nn.Linear`` (and ``bfp.layers.Matmul``) that the config gives a precision
+with its ``bfp.layers`` twin, built by ``from_float`` so the Parameter objects
+stay the same; forward methods are never patched. Calling it again on a
+converted model only updates each Q-layer's precision, in place, so a schedule
+can change precision mid-training without touching weights or optimizer state.
+
+``conversion_report`` prints what was converted, ``precision_state`` /
+``load_precision_state`` save and restore every layer's precision with a
+checkpoint, ``generate_config`` writes an original-form config listing every
+convertible layer.
+"""
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Optional
+
+import torch.nn as nn
+
+from . import layers as L
+from .config import ConfigError, ConfigLike, NetConfig, Rule, legacy_dict, legacy_entry, load_config
+from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
+from .precision import POINTS, LayerPrecision
+
+__all__ = ["convert", "conversion_report", "precision_state", "load_precision_state",
+           "generate_config", "convertible_layers"]
+
+# Float class -> Q class, and Q class -> the type name configs use.
+_FLOAT_TO_Q: dict[type, type] = {**L.QUANTIZED_TYPES, L.Matmul: L.QMatmul}
+_Q_TYPE_NAME = {q: f.__name__ for f, q in _FLOAT_TO_Q.items()}
+
+
+def _type_name(module: nn.Module) -> Optional[str]:
+    """The config type name of a convertible module (``Conv2d`` for both
+    ``nn.Conv2d`` and ``QConv2d``), or ``None`` if it is not convertible."""
+    for q, name in _Q_TYPE_NAME.items():
+        if isinstance(module, q):
+            return name
+    f = type(module)  # exact type: a subclass may compute something else
+    return f.__name__ if f in _FLOAT_TO_Q else None
+
+
+def _is_quantized(module: nn.Module) -> bool:
+    return isinstance(module, tuple(_Q_TYPE_NAME))
+
+
+def convertible_layers(model: nn.Module) -> dict[str, str]:
+    """Name -> config type name of every convertible or converted layer, in
+    registration order (a module registered under two names appears under both)."""
+    return {name: t for name, m in model.named_modules(remove_duplicate=False)
+            if (t := _type_name(m)) is not None}
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
+    """Quantize ``model``'s layers as ``config`` says, in place, and return the model.
+
+    ``config``: a preset name (``"ResNet18_FB12"``, looked up in ``./conf_net``
+    and the shipped presets), a JSON path, a dict in either config form, or a
+    ``NetConfig``. Float layers that get a precision are swapped for Q-layers
+    sharing their Parameters; Q-layers already there get the new precision
+    (an all-``None`` ``LayerPrecision`` where the config now says full
+    precision) and keep their class. Raises ``ConfigError`` when a layer the
+    config names matches no convertible module, suggesting the closest names.
+
+    When ``model`` itself is a convertible layer the returned object is its
+    replacement, so always use the return value.
+    """
+    cfg = load_config(config)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
+    layers = convertible_layers(model)
+    modules = {n: type(m).__name__ for n, m in model.named_modules()}
+    plan = cfg.assign(layers, modules)
+    swapped: dict[int, nn.Module] = {}  # id(float module) -> its Q-layer (shared modules)
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if name not in layers:
+            continue
+        precision = plan[name]
+        if _is_quantized(module):
+            module.set_precision(precision if precision is not None else LayerPrecision())
+            continue
+        if id(module) not in swapped:
+            if precision is None or not precision.enabled:
+                continue
+            swapped[id(module)] = _FLOAT_TO_Q[type(module)].from_float(module, precision)
+        if name == "":
+            model = swapped[id(module)]
+        else:
+            _set_submodule(model, name, swapped[id(module)])
+    return model
+
+
+# -- reporting ------------------------------------------------------------------------
+
+def _preset_lookup() -> dict[Format, str]:
+    return {format_from_name(n): n for n in reversed(format_names())}
+
+
+def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
+    """A compact name for report tables: a preset name where one fits
+    (``fb16``, ``float8_e4m3fn``), else ``bfp4[1,24,3,3]``, ``e4m3``,
+    ``mx:e2m1/32@1``; rounding other than the format's default as ``/rn``,
+    ``/tr``, ``/sr``; ``-`` for full precision."""
+    if fmt is None:
+        return "-"
+    presets = _preset_lookup() if presets is None else presets
+    if fmt in presets:
+        return presets[fmt]
+    rnd = {"nearest": "/rn", "truncate": "/tr", "stochastic": "/sr"}
+    if isinstance(fmt, BlockFloat):
+        s = f"bfp{fmt.bits}[{','.join(map(str, fmt.group))}]"
+        return s + ("" if fmt.rounding.value == "truncate" else rnd[fmt.rounding.value])
+    if isinstance(fmt, Float):
+        return f"e{fmt.exp}m{fmt.man}" + ("" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value])
+    if isinstance(fmt, MX):
+        el = "int8" if isinstance(fmt.element, str) else f"e{fmt.element.exp}m{fmt.element.man}"
+        extra = "" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value]
+        return f"mx:{el}/{fmt.block}@{fmt.axis}{extra}"
+    return repr(fmt)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def conversion_report(model: nn.Module) -> str:
+    """A table of every convertible layer: name, class, weight shape and the
+    format at each of the nine points (``-`` = full precision), plus
+    backward source / accumulator columns when any layer sets them."""
+    presets = _preset_lookup()
+    rows, n_q, n_on = [], 0, 0
+    extra_src = extra_acc = False
+    entries = []
+    for name, module in model.named_modules():
+        if _type_name(module) is None:
+            continue
+        prec = getattr(module, "precision", None) if _is_quantized(module) else None
+        n_q += prec is not None
+        n_on += prec is not None and prec.enabled
+        w = getattr(module, "weight", None)
+        shape = "x".join(map(str, w.shape)) if w is not None else "-"
+        entries.append((name or "(model)", type(module).__name__, shape, prec))
+        extra_src |= prec is not None and prec.backward_source != "full"
+        extra_acc |= prec is not None and prec.accumulator is not None
+    header = ["layer", "type", "weight"] + list(POINTS)
+    header += ["bwd_src"] * extra_src + ["accumulator"] * extra_acc
+    for name, cls, shape, prec in entries:
+        fmts = [short_format(getattr(prec, p) if prec else None, presets) for p in POINTS]
+        row = [name, cls, shape] + fmts
+        if extra_src:
+            row.append(prec.backward_source if prec else "-")
+        if extra_acc:
+            row.append(repr(prec.accumulator) if prec and prec.accumulator else "-")
+        rows.append(row)
+    if not entries:
+        return "no convertible layers (Conv1d, Conv2d, Linear, Matmul)"
+    summary = (f"{n_on} of {len(entries)} convertible layers quantized "
+               f"({n_q} converted, {len(entries) - n_on} in full precision)")
+    return _table(header, rows) + "\n" + summary
+
+
+# -- checkpoints and generated configs -------------------------------------------------
+
+def precision_state(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """Every Q-layer's precision as JSON-ready dicts (``LayerPrecision.to_dict``), by module name."""
+    return {name: m.precision.to_dict() for name, m in model.named_modules() if _is_quantized(m)}
+
+
+def load_precision_state(model: nn.Module, state: dict[str, dict[str, Any]]) -> nn.Module:
+    """Restore ``precision_state``: the named layers get those precisions
+    (float layers are converted), every other Q-layer goes to full precision.
+    Unknown layer names raise ``ConfigError`` with the closest real names."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"<precision state>: must be a dict of layer name -> LayerPrecision dict, "
+                          f"got {type(state).__name__}")
+    rules = []
+    for name, d in state.items():
+        try:
+            prec = LayerPrecision.from_dict(d)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"<precision state>: {name!r}: {e}") from None
+        rules.append(Rule(name, prec, where=repr(name), kind="exact"))
+    return convert(model, NetConfig(tuple(rules), None, "<precision state>"))
+
+
+def generate_config(model: nn.Module) -> dict[str, Any]:
+    """An original-form config (``"default"`` plus one explicit ``"net.<name>"``
+    entry per convertible layer) for editing by hand; it loads back unchanged.
+
+    Float layers get the original's defaults written out in full, Q-layers
+    their current precision (``{"type": "default"}`` where off). Raises
+    ``ConfigError`` for a precision the original form cannot hold (anything
+    but truncating BlockFloat); save ``precision_state`` for those.
+    """
+    out: dict[str, Any] = {"default": legacy_dict(legacy_entry({}))}
+    for name, module in model.named_modules():
+        t = _type_name(module)
+        if t is None or not name:
+            continue
+        linear = t == "Linear"
+        prec = module.precision if _is_quantized(module) else legacy_entry({"type": "Linear"} if linear else {})
+        out[f"net.{name}"] = legacy_dict(prec, linear, where=f"net.{name}")
+    return out
+
+
+
+
+class _CallableModule(types.ModuleType):
+    """``bfp.convert`` is both this module and its main function: importing a
+    submodule binds ``bfp.convert`` to the module, so calls on the module go to
+    ``convert`` (``bfp.convert(model, "ResNet18_FB16")`` works either way)."""
+
+    def __call__(self, model: nn.Module, config: ConfigLike) -> nn.Module:
+        return convert(model, config)
+
+
+sys.modules[__name__].__class__ = _CallableModule
