@@ -468,7 +468,7 @@ class NetConfig:
             if i in used or not rule.required:
                 continue
             if any(rule.matches(n, t, order) for n, t in layers.items()):
-                problems.append(f"{rule.where or rule.match!r}: every layer it matches is taken by an "
+                problems.append(f"{rule.where or repr(rule.match)}: every layer it matches is taken by an "
                                 "earlier rule (first match wins)")
                 continue
             plain = rule.match[len(LEGACY_PREFIX):] if rule.match.startswith(LEGACY_PREFIX) else rule.match
