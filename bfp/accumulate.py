@@ -123,8 +123,9 @@ def _operands(a: torch.Tensor, b: torch.Tensor, acc: Accumulator):
     out_dtype = torch.promote_types(a.dtype, b.dtype)
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     (m, k), n = a.shape[-2:], b.shape[-1]
-    a3 = a.float().expand(*batch, m, k).reshape(-1, m, k)
-    b3 = b.float().expand(*batch, k, n).reshape(-1, k, n)
+    bsz = batch.numel()
+    a3 = a.float().expand(*batch, m, k).reshape(bsz, m, k)
+    b3 = b.float().expand(*batch, k, n).reshape(bsz, k, n)
     return a3, b3, (*batch, m, n), out_dtype
 
 

@@ -121,8 +121,7 @@ class _ConvOp:
         """Conv1d runs as a conv2d of height 1 in the accumulator path."""
         if self.dims == 2:
             return self.stride, self.padding, self.dilation, (lambda t: t), (lambda t: t)
-        lift = (lambda v: (1,) + tuple(v))
-        return (*map(lift, (self.stride, self.padding, self.dilation)),
+        return ((1, *self.stride), (0, *self.padding), (1, *self.dilation),
                 (lambda t: t.unsqueeze(-2)), (lambda t: t.squeeze(-2)))
 
     def forward(self, x, w, b, acc, gen):
@@ -163,6 +162,8 @@ class _MatmulOp:
         return ga.sum_to_size(a.shape)
 
     def grad_weight(self, g, a, b, acc, gen):
+        if b.dim() == 2:  # torch.matmul folds a's batch dims into rows here: so do we
+            a, g = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
         at = a.transpose(-1, -2)
         gb = at @ g if acc is None else accumulate_matmul(at, g, acc, generator=gen)
         return gb.sum_to_size(b.shape)
