@@ -21,7 +21,8 @@ from typing import Any, Optional
 import torch.nn as nn
 
 from . import layers as L
-from .config import ConfigError, ConfigLike, NetConfig, Rule, legacy_dict, legacy_entry, load_config
+from .config import (LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, legacy_dict, legacy_entry,
+                     load_config)
 from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
 from .precision import POINTS, LayerPrecision
 
@@ -196,24 +197,28 @@ def load_precision_state(model: nn.Module, state: dict[str, dict[str, Any]]) -> 
 
 def generate_config(model: nn.Module) -> dict[str, Any]:
     """An original-form config (``"default"`` plus one explicit ``"net.<name>"``
-    entry per convertible layer) for editing by hand; it loads back unchanged.
+    entry per convertible layer, all 27 keys written out) that loads back unchanged.
 
-    Float layers get the original's defaults written out in full, Q-layers
-    their current precision (``{"type": "default"}`` where off). Raises
-    ``ConfigError`` for a precision the original form cannot hold (anything
-    but truncating BlockFloat); save ``precision_state`` for those.
+    On a float model it is a template: every layer gets the original's
+    defaults, ready for editing. On a converted model it is the model as it
+    stands: Q-layers their current precision, full-precision layers
+    ``{"type": "default"}``. Raises ``ConfigError`` for a precision the
+    original form cannot hold (anything but truncating BlockFloat); save
+    ``precision_state`` for those.
     """
+    template = not any(_is_quantized(m) for m in model.modules())
     out: dict[str, Any] = {"default": legacy_dict(legacy_entry({}))}
     for name, module in model.named_modules():
         t = _type_name(module)
         if t is None or not name:
             continue
         linear = t == "Linear"
-        prec = module.precision if _is_quantized(module) else legacy_entry({"type": "Linear"} if linear else {})
-        out[f"net.{name}"] = legacy_dict(prec, linear, where=f"net.{name}")
+        if _is_quantized(module):
+            prec = module.precision
+        else:
+            prec = legacy_entry({"type": "Linear"} if linear else {}) if template else None
+        out[f"{LEGACY_PREFIX}{name}"] = legacy_dict(prec, linear, where=f"{LEGACY_PREFIX}{name}")
     return out
-
-
 
 
 class _CallableModule(types.ModuleType):
