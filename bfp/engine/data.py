@@ -1,0 +1,330 @@
+"""Datasets and loaders for 32x32 image classification.
+
+``load(name, path, ...)`` returns a ``DataBundle`` with train and test loaders:
+
+* ``digits``: scikit-learn's 8x8 digits (ships with scikit-learn, works
+  offline): scaled 3x to 24x24 (nearest), zero-padded to 32x32, repeated to
+  ``channels`` channels; a fixed stratified 80/20 split (1437 / 360 images).
+* ``CIFAR10`` / ``CIFAR100``: torchvision's on-disk format under ``path``
+  (downloaded when absent and online).
+* ``imagefolder``: ``path/{train,test}/<class>/*`` (``val`` is accepted for
+  ``test``; ``path`` may also be the folder holding that one directory, as an
+  unpacked tarball), images resized to 32x32 if they are not. ``CIFAR10`` with
+  a ``path`` that is such a folder and has no torchvision files (the JPEG
+  CIFAR-10) loads the folder with CIFAR-10's normalisation.
+
+Two loader kinds, both iterating ``(images, labels)`` batches, with
+``set_epoch``-free determinism: their randomness comes from one
+``torch.Generator`` each (saved in checkpoints) and the global torch RNG.
+
+* ``TensorLoader`` keeps the whole dataset as one uint8 tensor on a device
+  and crops/flips whole batches there (``--gpu-data``; always used for digits).
+  Small models then run at the speed of the GPU, not of the data loader.
+* a torch ``DataLoader`` over torchvision transforms (the default for CIFAR and
+  image folders).
+
+Test data is never augmented.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
+CIFAR_MEAN = {"CIFAR10": (0.4914, 0.4822, 0.4465), "CIFAR100": (0.5071, 0.4865, 0.4409)}
+CIFAR_STD = {"CIFAR10": (0.2470, 0.2435, 0.2616), "CIFAR100": (0.2673, 0.2564, 0.2762)}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+class DataError(ValueError):
+    """A dataset name, path or option that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Training augmentation: random crop after zero padding by ``pad`` pixels, random horizontal flip."""
+
+    pad: int = 4
+    flip: bool = True
+
+
+@dataclass
+class DataBundle:
+    name: str
+    train: Any  # TensorLoader or DataLoader
+    test: Any
+    num_classes: int
+    in_channels: int
+    classes: list[str]
+    generator: torch.Generator  # drives shuffling and augmentation of ``train``
+
+    def describe(self) -> str:
+        return (f"{self.name}: {len(self.train.dataset)} train / {len(self.test.dataset)} test images, "
+                f"{self.num_classes} classes, {self.in_channels} channels")
+
+
+def canonical_name(name: str) -> str:
+    for d in DATASETS:
+        if str(name).lower() == d.lower():
+            return d
+    raise DataError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)} "
+                    f"(or a directory with train/ and test/ class folders)")
+
+
+class TensorDataset:
+    """uint8 images ``[N, C, 32, 32]`` and int64 labels, on one device."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError(f"images must be uint8 [N, C, H, W], got {images.dtype} {tuple(images.shape)}")
+        self.images, self.labels = images, labels.long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def to(self, device) -> "TensorDataset":
+        return TensorDataset(self.images.to(device), self.labels.to(device))
+
+
+class TensorLoader:
+    """Batches of a ``TensorDataset``, normalised and augmented where the data lives.
+
+    Random crop offsets, flips and the shuffle order are drawn from
+    ``generator`` (a CPU generator) and applied to the batch on its device, so
+    the result is the same on any device and reproducible from the
+    generator's state.
+    """
+
+    def __init__(self, dataset: TensorDataset, batch_size: int, mean, std, *, shuffle: bool = False,
+                 augment: Optional[Augment] = None, generator: Optional[torch.Generator] = None,
+                 drop_last: bool = False):
+        self.dataset, self.batch_size = dataset, batch_size
+        self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
+        self.generator = generator if generator is not None else torch.Generator()
+        dev = dataset.images.device
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=dev).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(std, dtype=torch.float32, device=dev).view(1, -1, 1, 1) * 255
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n, dev = len(self.dataset), self.dataset.images.device
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size].to(dev)
+            x = self.dataset.images.index_select(0, idx)
+            if self.augment is not None:
+                x = self._augment(x)
+            x = (x.float() - self.mean) / self.std
+            yield x, self.dataset.labels.index_select(0, idx)
+
+    def _augment(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        p = self.augment.pad
+        if p:
+            dy = torch.randint(0, 2 * p + 1, (b,), generator=self.generator).to(x.device)
+            dx = torch.randint(0, 2 * p + 1, (b,), generator=self.generator).to(x.device)
+            xp = F.pad(x, (p, p, p, p))  # zero pixels, as torchvision's RandomCrop(padding=p)
+            rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
+            cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
+            bidx = torch.arange(b, device=x.device)[:, None, None, None]
+            cidx = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+            x = xp[bidx, cidx, rows, cols]
+        if self.augment.flip:
+            flip = (torch.rand(b, generator=self.generator) < 0.5).to(x.device)
+            x = torch.where(flip[:, None, None, None], x.flip(3), x)
+        return x
+
+
+def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, batch_size_test: int = 256,
+         num_workers: int = 2, device: Any = "cpu", gpu_data: bool = False, seed: int = 0,
+         channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0) -> DataBundle:
+    """Train/test loaders for dataset ``name`` (see the module docstring).
+
+    ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
+    ``seed`` seeds the generator that shuffles and augments the training set.
+    ``limit_train`` / ``limit_test``: keep only the first N images (smoke tests; 0 = all).
+    """
+    name = canonical_name(name)
+    if name in ("CIFAR10", "CIFAR100") and path and _cifar_files_absent(name, Path(path)) \
+            and find_image_folder(Path(path)) is not None:
+        folder_of = name  # e.g. the JPEG CIFAR-10: an image folder with CIFAR's statistics
+    else:
+        folder_of = None
+    if channels != 3 and name != "digits":
+        raise DataError(f"--in-channels {channels}: only the digits dataset can change its channel "
+                        f"count; {name} images have 3 channels")
+    if channels not in (1, 3) and name == "digits":
+        raise DataError(f"--in-channels must be 1 or 3, got {channels}")
+    g = torch.Generator().manual_seed(seed)
+    if name == "digits":
+        train, test, classes = _digits(channels)
+        train, test = _limit(train, limit_train), _limit(test, limit_test)
+        mean, std = _mean_std(train)
+        aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
+        return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
+                              batch_size_test, device if gpu_data else "cpu", g)
+    if folder_of:
+        train_ds, test_ds = _image_folder(path)
+        mean, std, aug = CIFAR_MEAN[folder_of], CIFAR_STD[folder_of], Augment()
+    elif name in ("CIFAR10", "CIFAR100"):
+        train_ds, test_ds = _cifar(name, path, download)
+        mean, std, aug = CIFAR_MEAN[name], CIFAR_STD[name], Augment()
+    else:
+        train_ds, test_ds = _image_folder(path)
+        mean, std, aug = IMAGENET_MEAN, IMAGENET_STD, Augment()
+    classes = list(train_ds.classes)
+    train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
+    if gpu_data:
+        train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
+        return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
+                              batch_size_test, device, g)
+    import torchvision
+    import torchvision.transforms as T
+    norm = [T.ToTensor(), T.Normalize(mean, std)]
+    resize = [T.Resize((32, 32))] if isinstance(_base(train_ds), torchvision.datasets.ImageFolder) else []
+    _base(train_ds).transform = T.Compose(resize + [T.RandomCrop(32, padding=aug.pad), T.RandomHorizontalFlip()] + norm)
+    _base(test_ds).transform = T.Compose(resize + norm)
+    pin = torch.device(device).type == "cuda"
+    common = dict(num_workers=num_workers, pin_memory=pin, persistent_workers=False)
+    # A last batch of one image would break BatchNorm in training mode: drop it.
+    train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train, shuffle=True, generator=g,
+                                        drop_last=len(train_ds) % batch_size_train == 1, **common)
+    test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
+    return DataBundle(name, train, test, len(classes), 3, classes, g)
+
+
+def _limit(ds, n: int):
+    if not n or n >= len(ds):
+        return ds
+    if isinstance(ds, TensorDataset):
+        return TensorDataset(ds.images[:n], ds.labels[:n])
+    return torch.utils.data.Subset(ds, range(n))
+
+
+def _base(ds):
+    return ds.dataset if isinstance(ds, torch.utils.data.Subset) else ds
+
+
+def _tensor_bundle(name, train, test, classes, mean, std, aug, bs_train, bs_test, device, g):
+    train, test = train.to(device), test.to(device)
+    return DataBundle(name, TensorLoader(train, bs_train, mean, std, shuffle=True, augment=aug, generator=g,
+                                         drop_last=len(train) % bs_train == 1),
+                      TensorLoader(test, bs_test, mean, std), len(classes), train.images.shape[1],
+                      classes, g)
+
+
+def _mean_std(ds: TensorDataset):
+    x = ds.images.float() / 255
+    return tuple(x.mean(dim=(0, 2, 3)).tolist()), tuple(x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist())
+
+
+def _digits(channels: int):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    d = load_digits()
+    images = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    x = torch.from_numpy(images)[:, None]  # [N, 1, 8, 8]
+    x = x.repeat_interleave(3, dim=2).repeat_interleave(3, dim=3)  # 24x24, nearest
+    x = F.pad(x, (4, 4, 4, 4)).repeat(1, channels, 1, 1).contiguous()
+    y = torch.from_numpy(d.target).long()
+    idx_train, idx_test = train_test_split(np.arange(len(y)), test_size=0.2, random_state=0,
+                                           stratify=d.target)
+    idx_train, idx_test = torch.from_numpy(np.sort(idx_train)), torch.from_numpy(np.sort(idx_test))
+    return (TensorDataset(x[idx_train], y[idx_train]), TensorDataset(x[idx_test], y[idx_test]),
+            [str(c) for c in d.target_names])
+
+
+def _cifar(name: str, path: Optional[str], download: bool):
+    import torchvision
+    root = Path(path or os.path.join("data", name.lower()))
+    cls = torchvision.datasets.CIFAR10 if name == "CIFAR10" else torchvision.datasets.CIFAR100
+    try:
+        return cls(str(root), train=True, download=False), cls(str(root), train=False, download=False)
+    except RuntimeError:
+        pass  # not there (or damaged): torchvision says "Dataset not found or corrupted"
+    if not download:
+        raise DataError(f"{name} not found under {str(root)!r} and downloading is off")
+    try:
+        return (cls(str(root), train=True, download=True), cls(str(root), train=False, download=True))
+    except Exception as e:
+        raise DataError(f"{name} is not under {str(root)!r} (expected torchvision's "
+                        f"{cls.base_folder}/ folder there) and downloading it failed "
+                        f"({type(e).__name__}: {e}). Put the dataset there, or pass -dp PATH "
+                        f"to where it is.") from None
+
+
+def _cifar_files_absent(name: str, root: Path) -> bool:
+    folder = "cifar-10-batches-py" if name == "CIFAR10" else "cifar-100-python"
+    return not (root / folder).is_dir()
+
+
+def _is_image_folder(p: Path) -> bool:
+    return p.is_dir() and (p / "train").is_dir() and ((p / "test").is_dir() or (p / "val").is_dir())
+
+
+def find_image_folder(path: Path) -> Optional[Path]:
+    """``path`` itself or its one subdirectory holding train/ and test/ (as an unpacked tarball)."""
+    if _is_image_folder(path):
+        return path
+    subs = [s for s in path.iterdir() if _is_image_folder(s)] if path.is_dir() else []
+    return subs[0] if len(subs) == 1 else None
+
+
+def _image_folder(path: Optional[str]):
+    import torchvision
+    if not path:
+        raise DataError("--dataset imagefolder needs -dp/--dataset-path DIR with train/ and test/ "
+                        "class folders")
+    root = find_image_folder(Path(path))
+    if root is None:
+        if str(path).endswith((".tar.gz", ".tgz", ".tar")):
+            raise DataError(f"{path!r} is an archive; unpack it first (tar xzf {path}) and pass the "
+                            f"directory")
+        raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
+                        f"{path}/test/<class>/*.jpg (or val/ for test)")
+    test_dir = root / "test" if (root / "test").is_dir() else root / "val"
+    train = torchvision.datasets.ImageFolder(str(root / "train"))
+    test = torchvision.datasets.ImageFolder(str(test_dir))
+    if train.classes != test.classes:
+        raise DataError(f"{root}: train and test class folders differ: {train.classes} vs {test.classes}")
+    return train, test
+
+
+def _to_tensor_dataset(ds) -> TensorDataset:
+    """Decode a torchvision dataset once into one uint8 tensor."""
+    if isinstance(ds, torch.utils.data.Subset):
+        full = _to_tensor_dataset(ds.dataset) if hasattr(ds.dataset, "data") else None
+        if full is not None:
+            idx = torch.as_tensor(list(ds.indices))
+            return TensorDataset(full.images[idx], full.labels[idx])
+        ds = _SubsetView(ds)
+    if hasattr(ds, "data") and isinstance(ds.data, np.ndarray):  # CIFAR: [N, 32, 32, 3] uint8
+        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+        return TensorDataset(images, torch.as_tensor(ds.targets))
+    import torchvision.transforms.functional as TF
+    from PIL import Image
+    imgs, labels = [], []
+    for p, y in ds.samples:
+        with Image.open(p) as im:
+            im = im.convert("RGB")
+            if im.size != (32, 32):
+                im = im.resize((32, 32), Image.BILINEAR)
+            imgs.append(TF.pil_to_tensor(im))
+        labels.append(y)
+    return TensorDataset(torch.stack(imgs), torch.tensor(labels))
+
+
+class _SubsetView:
+    """``samples`` of a Subset of an ImageFolder."""
+
+    def __init__(self, sub):
+        self.samples = [sub.dataset.samples[i] for i in sub.indices]

@@ -1,0 +1,126 @@
+"""A run's directory: resolved configuration, text log, TensorBoard events.
+
+Layout of ``runs/<name>/``::
+
+    config.json      every flag, the network config, bfpsim version, git commit
+    log.txt          what was printed, with times
+    metrics.jsonl    one JSON object per epoch (read by draw_curve.py)
+    events.out.tfevents.*   TensorBoard
+    checkpoints/     last.pt, best.pt, epoch_<n>.pt
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+
+def git_commit(cwd: Optional[os.PathLike] = None) -> Optional[str]:
+    """The commit of the source tree (``+dirty`` with local changes), or None outside git."""
+    cwd = cwd or Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_version() -> str:
+    try:
+        import bfp
+        return getattr(bfp, "__version__", "unknown")
+    except Exception:  # a broken sibling module must not stop the run from logging
+        return "unknown"
+
+
+def timestamp() -> str:
+    return _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+class RunLog:
+    """Prints and, with a run directory, appends to ``log.txt`` and ``metrics.jsonl``.
+
+    ``writer`` is a TensorBoard ``SummaryWriter`` when ``tensorboard`` is on.
+    ``redact`` strings (secrets) are replaced by ``***`` in everything written.
+    """
+
+    def __init__(self, run_dir: Optional[os.PathLike] = None, *, tensorboard: bool = False,
+                 stream: Optional[TextIO] = None, redact: tuple[str, ...] = ()):
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.stream = stream if stream is not None else sys.stdout
+        self.redact = tuple(r for r in redact if r)
+        self._file = None
+        self.writer = None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.run_dir / "log.txt", "a", encoding="utf-8")
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writer = SummaryWriter(log_dir=str(self.run_dir))
+
+    def _clean(self, msg: str) -> str:
+        for r in self.redact:
+            msg = msg.replace(r, "***")
+        return msg
+
+    def __call__(self, msg: str) -> None:
+        msg = self._clean(str(msg))
+        try:
+            from tqdm import tqdm
+            tqdm.write(msg, file=self.stream)  # keeps an open progress bar intact
+        except ImportError:
+            print(msg, file=self.stream, flush=True)
+        if self._file is not None:
+            stamp = _dt.datetime.now().isoformat(timespec="seconds")
+            for line in msg.splitlines() or [""]:
+                self._file.write(f"{stamp} {line}\n")
+            self._file.flush()
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        if self.run_dir is not None:
+            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Write ``obj`` to ``run_dir/name`` atomically."""
+        assert self.run_dir is not None
+        path = self.run_dir / name
+        tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+        tmp.write_text(self._clean(json.dumps(obj, indent=2, default=str)) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(run_dir: os.PathLike) -> list[dict[str, Any]]:
+    """The per-epoch records of a run; a resumed run's repeated epochs keep their last record."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{str(path)!r} not found: is {str(run_dir)!r} a run directory "
+                                f"written with --log True?")
+    by_epoch: dict[int, dict] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}:{n}: not a JSON line") from None
+        by_epoch[int(rec["epoch"])] = rec
+    return [by_epoch[e] for e in sorted(by_epoch)]

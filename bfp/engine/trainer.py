@@ -1,0 +1,331 @@
+"""The training loop: one ``Trainer`` per run, shared by cifar.py (and later imagenet.py).
+
+It owns the optimizer (SGD with momentum and weight decay), the cosine
+learning-rate schedule, mixed precision (autocast + GradScaler), the epoch plan
+of precision/optimizer switches, evaluation, metrics, checkpoints and the
+callbacks. Everything that makes a run continue bit for bit after a resume is
+in ``state_dict()``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import checkpoint as ckpt
+from .callbacks import Callback, CallbackList
+from .schedule import CosineSchedule, EpochPlan
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 200
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+    warmup_epochs: float = 0.0
+    precision: str = "fp32"        # compute dtype under autocast; weights stay float32
+    label_smoothing: float = 0.0
+    save_interval: int = 0         # also keep epoch_<n>.pt every n epochs (0: only last/best)
+    histograms: bool = False       # weight histograms in TensorBoard each epoch
+    progress: bool = True          # tqdm bar
+
+    def __post_init__(self):
+        if self.epochs < 1:
+            raise ValueError(f"--training-epochs must be >= 1, got {self.epochs}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision {self.precision!r}: allowed {', '.join(PRECISIONS)}")
+        for what, v in (("--optim-lr", self.lr), ("--optim-momentum", self.momentum),
+                        ("--optim-weight-decay", self.weight_decay), ("--warmup-epochs", self.warmup_epochs),
+                        ("--save-interval", self.save_interval)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
+        if self.warmup_epochs > self.epochs:
+            raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --training-epochs {self.epochs}")
+
+
+def convert_model(model: nn.Module, config: Any) -> nn.Module:
+    """``bfp.convert(model, config)``; ``config`` None means leave the model as it is."""
+    if config is None:
+        return model
+    import bfp
+    out = bfp.convert(model, config)
+    return out if isinstance(out, nn.Module) else model
+
+
+def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[torch.Tensor]:
+    maxk = min(max(ks), logits.size(1))
+    hit = logits.topk(maxk, dim=1).indices.eq(target[:, None])
+    return [hit[:, :min(k, maxk)].any(dim=1).sum() for k in ks]
+
+
+class Trainer:
+    """Trains ``model`` on ``data`` (a ``bfp.engine.data.DataBundle``).
+
+    ``initial_precision``: the network config the model was converted with
+    (recorded so a later switch or a resume knows what is in force).
+    ``plan``: epoch-keyed precision and optimizer changes (``conf_train``).
+    ``log``: a ``RunLog`` (prints, and writes the run directory if it has one).
+    ``checkpoint_dir``: where ``last.pt``/``best.pt`` go; None saves nothing.
+    ``extra_state``: plain values stored in every checkpoint (the CLI's flags).
+    """
+
+    def __init__(self, model: nn.Module, data, config: TrainConfig, *, device: Any = "cpu",
+                 log=None, checkpoint_dir: Optional[Path] = None, callbacks: Iterable[Callback] = (),
+                 plan: Optional[EpochPlan] = None, initial_precision: Any = None,
+                 extra_state: Optional[dict] = None, name: str = ""):
+        from .logs import RunLog
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.data, self.cfg = data, config
+        self.epochs = config.epochs
+        self._log = log if log is not None else RunLog(None)
+        self.writer = self._log.writer
+        self.run_dir = self._log.run_dir
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.callbacks = CallbackList(callbacks)
+        self.plan = plan or EpochPlan()
+        self.active_precision = initial_precision
+        self.extra_state = extra_state or {}
+        self.name = name
+        self.epoch = 0          # epoch being trained (0-based); == epochs when done
+        self.global_step = 0    # optimizer steps taken
+        self.best_acc = 0.0
+        self.history: list[dict[str, float]] = []
+
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum,
+                                         weight_decay=config.weight_decay, nesterov=config.nesterov)
+        steps_per_epoch = len(data.train)
+        self.schedule = CosineSchedule(self.optimizer, total_steps=config.epochs * steps_per_epoch,
+                                       warmup_steps=round(config.warmup_epochs * steps_per_epoch))
+        self.amp_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[config.precision]
+        # Dynamic loss scaling for fp16 only: start 2^16, halve and skip on overflow,
+        # double after 2000 clean steps. bf16 has float32's range and needs none.
+        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 16,
+                                           enabled=config.precision == "fp16")
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+
+    # ---- helpers the callbacks use -------------------------------------------------
+    def log(self, msg: str) -> None:
+        self._log(msg)
+
+    def describe(self) -> str:
+        prec = self.active_precision if isinstance(self.active_precision, str) or \
+            self.active_precision is None else "custom config"
+        return (f"{self.name or type(self.model).__name__} on {self.data.name}, "
+                f"network config {prec or 'none (FP32)'}, {self.cfg.precision} compute")
+
+    # ---- precision and optimizer switches -----------------------------------------
+    def set_precision(self, config: Any) -> None:
+        """Convert the model to network ``config`` (preset name, path or dict) in place,
+        keeping weights, optimizer state and the learning-rate schedule."""
+        before = dict(self.model.named_parameters())
+        self.model = convert_model(self.model, config).to(self.device)
+        after = dict(self.model.named_parameters())
+        self._rebind_optimizer(before, after)
+        self.active_precision = config
+        self._log_precision()
+
+    def _rebind_optimizer(self, before: dict, after: dict) -> None:
+        if all(after.get(n) is p for n, p in before.items()) and len(after) == len(before):
+            return
+        if list(before) == list(after) or len(before) == len(after):
+            new_of = {id(p): q for p, q in zip(before.values(), after.values())}
+        else:
+            raise RuntimeError(f"conversion changed the model's parameters ({len(before)} -> "
+                               f"{len(after)}); the optimizer cannot follow")
+        for g in self.optimizer.param_groups:
+            g["params"] = [new_of[id(p)] for p in g["params"]]
+        self.optimizer.state = type(self.optimizer.state)(
+            {new_of.get(id(p), p): s for p, s in self.optimizer.state.items()})
+
+    def _log_precision(self) -> None:
+        report = self.precision_report()
+        if report:
+            self.log(report)
+            if self.writer is not None:
+                self.writer.add_text("precision", "```\n" + report + "\n```", self.epoch)
+
+    def precision_report(self) -> str:
+        if self.active_precision is None:
+            return ""
+        try:
+            import bfp
+            return f"network config {self.active_precision if isinstance(self.active_precision, str) else '(dict)'}" \
+                   f" from epoch {self.epoch}:\n{bfp.conversion_report(self.model)}"
+        except (ImportError, AttributeError):
+            return f"network config {self.active_precision!r} from epoch {self.epoch}"
+
+    def _apply_plan(self, epoch: int) -> None:
+        wanted = self.plan.precision_at(epoch, self.active_precision)
+        if epoch in self.plan.precision and wanted != self.active_precision:
+            self.log(f"epoch {epoch}: switching network config to {wanted!r}")
+            self.set_precision(wanted)
+        for k, v in self.plan.optimizer.get(epoch, {}).items():
+            if k == "lr":
+                self.schedule.set_base_lr(v)  # position in the schedule is kept
+            else:
+                for g in self.optimizer.param_groups:
+                    g[k] = v
+            self.log(f"epoch {epoch}: optimizer {k} = {v}")
+
+    # ---- the loop ------------------------------------------------------------------
+    def fit(self) -> list[dict[str, float]]:
+        """Train from ``self.epoch`` to ``self.epochs``; returns every epoch's metrics."""
+        try:
+            self.callbacks.call("on_train_start", self)
+            while self.epoch < self.epochs:
+                epoch = self.epoch
+                self._apply_plan(epoch)
+                self.callbacks.call("on_epoch_start", self, epoch)
+                metrics = self.train_epoch(epoch)
+                metrics.update(self.evaluate())
+                self.best_acc = max(self.best_acc, metrics["test_acc1"])
+                self.callbacks.call("on_epoch_end", self, epoch, metrics)
+                self._record(epoch, metrics)
+                self.epoch = epoch + 1
+                self._save(epoch, metrics)
+            self.callbacks.call("on_train_end", self)
+        except BaseException as e:
+            self.callbacks.call("on_exception", self, e)
+            raise
+        return self.history
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()  # evaluate() left it in eval mode
+        loader = self.data.train
+        n_seen, loss_sum = 0, torch.zeros((), device=self.device)
+        correct = torch.zeros(2, dtype=torch.long, device=self.device)
+        bar = _progress(loader, f"epoch {epoch + 1}/{self.epochs}", self.cfg.progress)
+        t0 = time.perf_counter()
+        for i, (x, y) in enumerate(bar):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            with self._autocast():
+                out = self.model(x)
+                loss = self.criterion(out.float(), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.schedule.step()
+            self.global_step += 1
+            with torch.no_grad():
+                loss_sum += loss.detach() * len(y)
+                correct += torch.stack(topk_correct(out.detach(), y))
+            n_seen += len(y)
+            self.callbacks.call("on_batch_end", self, self.global_step)
+            if bar is not loader and (i % 10 == 0 or i == len(loader) - 1):  # .item() syncs: not every step
+                dt = time.perf_counter() - t0
+                bar.set_postfix(loss=f"{loss_sum.item() / n_seen:.4f}",
+                                acc=f"{100 * correct[0].item() / n_seen:.2f}%",
+                                img_s=f"{n_seen / max(dt, 1e-9):.0f}", refresh=False)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dt = time.perf_counter() - t0
+        if not math.isfinite(loss_sum.item()):
+            self.log(f"warning: epoch {epoch + 1} training loss is not finite")
+        acc = (100.0 * correct.double() / max(1, n_seen)).tolist()
+        return {"train_loss": loss_sum.item() / max(1, n_seen), "train_acc1": acc[0], "train_acc5": acc[1],
+                "lr": self.schedule.get_last_lr()[0], "images_per_s": n_seen / max(dt, 1e-9),
+                "epoch_time_s": dt}
+
+    @torch.no_grad()
+    def evaluate(self, loader=None) -> dict[str, float]:
+        self.model.eval()
+        loader = loader if loader is not None else self.data.test
+        n, loss_sum = 0, torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros(2, dtype=torch.long, device=self.device)
+        for x, y in loader:
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            with self._autocast():
+                out = self.model(x).float()
+            loss_sum += F.cross_entropy(out, y, reduction="sum").double()
+            correct += torch.stack(topk_correct(out, y))
+            n += len(y)
+        acc = (100.0 * correct.double() / max(1, n)).tolist()
+        return {"test_loss": loss_sum.item() / max(1, n), "test_acc1": acc[0], "test_acc5": acc[1]}
+
+    def _record(self, epoch: int, m: dict[str, float]) -> None:
+        self.history.append({"epoch": epoch, **m})
+        self.log(f"epoch {epoch + 1}/{self.epochs}: train loss {m['train_loss']:.4f} "
+                 f"acc {m['train_acc1']:.2f}% | test loss {m['test_loss']:.4f} acc {m['test_acc1']:.2f}% "
+                 f"top5 {m['test_acc5']:.2f}% (best {self.best_acc:.2f}%) | lr {m['lr']:.5f} | "
+                 f"{m['images_per_s']:.0f} img/s, {m['epoch_time_s']:.1f} s")
+        self._log.metrics({"epoch": epoch, "global_step": self.global_step, **m})
+        w = self.writer
+        if w is not None:
+            step = epoch + 1
+            for split in ("train", "test"):
+                w.add_scalar(f"loss/{split}", m[f"{split}_loss"], step)
+                w.add_scalar(f"accuracy/{split}_top1", m[f"{split}_acc1"], step)
+                w.add_scalar(f"accuracy/{split}_top5", m[f"{split}_acc5"], step)
+            w.add_scalar("lr", m["lr"], step)
+            w.add_scalar("throughput/images_per_s", m["images_per_s"], step)
+            w.add_scalar("throughput/epoch_time_s", m["epoch_time_s"], step)
+            if self.cfg.histograms:
+                for n, p in self.model.named_parameters():
+                    w.add_histogram(f"weights/{n}", p.detach().float().cpu(), step)
+            w.flush()
+
+    # ---- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        try:
+            import bfp
+            precision = bfp.precision_state(self.model) if self.active_precision is not None else None
+        except (ImportError, AttributeError):
+            precision = None
+        return {
+            "epoch": self.epoch, "global_step": self.global_step, "best_acc": self.best_acc,
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(), "scaler": self.scaler.state_dict(),
+            "rng": ckpt.rng_state({"data": self.data.generator}),
+            "active_precision": self.active_precision, "precision_state": precision,
+            "callbacks": self.callbacks.state_dict(), "history": self.history,
+            "config": asdict(self.cfg), "extra": self.extra_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a run; the model must already be converted with ``state['active_precision']``."""
+        self.model.load_state_dict(state["model"])
+        if state.get("precision_state") is not None:
+            import bfp
+            bfp.load_precision_state(self.model, state["precision_state"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.callbacks.load_state_dict(state["callbacks"])
+        self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
+        self.best_acc, self.history = float(state["best_acc"]), list(state["history"])
+        self.active_precision = state["active_precision"]
+        ckpt.set_rng_state(state["rng"], {"data": self.data.generator})  # last: nothing after may draw
+
+    def _save(self, epoch: int, metrics: dict[str, float]) -> None:
+        if self.checkpoint_dir is None:
+            return
+        state = self.state_dict()
+        ckpt.save(state, self.checkpoint_dir / "last.pt")
+        if metrics["test_acc1"] >= self.best_acc:
+            ckpt.save(state, self.checkpoint_dir / "best.pt")
+        if self.cfg.save_interval and (epoch + 1) % self.cfg.save_interval == 0:
+            ckpt.save(state, self.checkpoint_dir / f"epoch_{epoch + 1:03d}.pt")
+
+
+def _progress(loader, desc: str, enabled: bool):
+    if not enabled:
+        return loader
+    from tqdm import tqdm
+    return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, disable=None)
