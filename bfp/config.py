@@ -134,6 +134,14 @@ def _legacy_bits(value: Any, source: str, where: str) -> int:
     return value
 
 
+def _legacy_inherited(point: str, bits: dict, dims: dict, linear: bool) -> tuple[int, tuple[int, ...]]:
+    """The bits and group a legacy entry gives ``point`` when it does not set them."""
+    src_b, src_d = LEGACY_BIT_FROM[point], LEGACY_DIM_FROM[point]
+    bit = bits[src_b] if isinstance(src_b, str) else src_b
+    dim = dims[src_d] if isinstance(src_d, str) else (src_d[:2] if linear else src_d)
+    return bit, dim
+
+
 def legacy_entry(entry: Any, source: str = "<dict>", where: str = "") -> Optional[LayerPrecision]:
     """One legacy entry as a ``LayerPrecision`` (``None`` for ``{"type": "default"}``).
 
@@ -162,11 +170,11 @@ def legacy_entry(entry: Any, source: str = "<dict>", where: str = "") -> Optiona
         on = entry.get(p, LEGACY_ON[p])
         if not isinstance(on, bool):
             raise _fail(source, f"{where}.{p}", f"{on!r} invalid; allowed: true, false")
-        src_b, src_d = LEGACY_BIT_FROM[p], LEGACY_DIM_FROM[p]
-        bits[p] = (_legacy_bits(entry[f"{p}_bit"], source, f"{where}.{p}_bit") if f"{p}_bit" in entry
-                   else bits[src_b] if isinstance(src_b, str) else src_b)
-        dims[p] = (legacy_group(entry[f"{p}_dim"], linear, source, f"{where}.{p}_dim") if f"{p}_dim" in entry
-                   else dims[src_d] if isinstance(src_d, str) else (src_d[:2] if linear else src_d))
+        bits[p], dims[p] = _legacy_inherited(p, bits, dims, linear)
+        if f"{p}_bit" in entry:
+            bits[p] = _legacy_bits(entry[f"{p}_bit"], source, f"{where}.{p}_bit")
+        if f"{p}_dim" in entry:
+            dims[p] = legacy_group(entry[f"{p}_dim"], linear, source, f"{where}.{p}_dim")
         formats[p] = BlockFloat(bits[p], dims[p], rounding="truncate") if on else None
     return LayerPrecision(**formats)
 
@@ -191,10 +199,7 @@ def legacy_dict(precision: Optional[LayerPrecision], linear: bool = False, where
     dims: dict[str, tuple] = {}
     for p in POINTS:
         f = getattr(precision, p)
-        src_b, src_d = LEGACY_BIT_FROM[p], LEGACY_DIM_FROM[p]
-        bits[p] = f.bits if f is not None else bits[src_b] if isinstance(src_b, str) else src_b
-        dims[p] = (f.group if f is not None else dims[src_d] if isinstance(src_d, str)
-                   else (src_d[:2] if linear else src_d))
+        bits[p], dims[p] = (f.bits, f.group) if f is not None else _legacy_inherited(p, bits, dims, linear)
         out.update({p: f is not None, f"{p}_bit": bits[p], f"{p}_dim": list(dims[p])})
     return out
 
