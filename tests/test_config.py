@@ -2,6 +2,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bfp.config import (ConfigError, NetConfig, Rule, config_from_dict, legacy_dict, legacy_entry,
                         legacy_group, load_config, preset_names)
@@ -120,9 +122,30 @@ def test_legacy_dict_round_trips_and_refuses_what_it_cannot_say():
         p = legacy_entry(entry)
         d = legacy_dict(p, linear=entry.get("type") == "Linear")
         assert legacy_entry(d) == p and len(d) == 28
+    off = {q: False for q in POINTS}
+    assert legacy_dict(legacy_entry(off)) == {"type": "default"}
     assert legacy_dict(None) == {"type": "default"}
     raises("precision_state", legacy_dict, LayerPrecision(fw=format_from_name("float8_e4m3fn")))
     raises("truncating", legacy_dict, LayerPrecision(fw=BlockFloat(4, (1, 16), "nearest")))
+
+
+_LEGACY_VALUE = {"": st.booleans(), "_bit": st.integers(1, 24),
+                 "_dim": st.one_of(st.lists(st.integers(1, 40), min_size=1, max_size=4), st.just(1),
+                                   st.sampled_from(["wi,36", "wo,216", "fc,108", "fx,12", "fy,6"]))}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from([p + s for p in POINTS for s in _LEGACY_VALUE]), st.none(), max_size=12)
+       .flatmap(lambda keys: st.fixed_dictionaries({k: _LEGACY_VALUE[k[k.find("_"):] if "_" in k else ""]
+                                                    for k in keys})),
+       st.booleans())
+def test_legacy_entry_round_trips_through_legacy_dict(entry, linear):
+    if linear:
+        entry = {"type": "Linear", **entry}
+    p = legacy_entry(entry)
+    assert (legacy_entry(legacy_dict(p, linear)) or LayerPrecision()) == p  # all off = full precision
+    for q in POINTS:  # a point is on exactly when its switch (or the original's default) says so
+        assert (getattr(p, q) is not None) == entry.get(q, q in ("fw", "fi", "bwo", "bwi", "bio", "biw")), q
 
 
 # -- the rule form --------------------------------------------------------------------
