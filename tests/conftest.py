@@ -1,0 +1,20 @@
+"""Shared fixtures: a tiny, fast cifar.py job (digits, 4-channel ResNet10, a few images)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def tiny_args(tmp_path):
+    """CLI flags of a job that trains in about a second an epoch on two CPU cores."""
+    def make(*extra, train_images=96, test_images=48):
+        return ["-d", "digits", "-m", "ResNet10", "--model-opt", "width=4",
+                "--limit-train-images", str(train_images), "--limit-test-images", str(test_images),
+                "--batch-size-train", "32", "--batch-size-test", "48", "--num-workers", "0",
+                "--progress", "False", "--device", "cpu", "--run-dir", str(tmp_path / "runs"), *extra]
+    return make

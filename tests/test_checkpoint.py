@@ -1,0 +1,121 @@
+"""Checkpoints: atomic writes, clear errors for bad files, and bit-exact resume
+of a run killed after its first epoch."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bfp.engine import checkpoint as ckpt
+from bfp.engine.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_save_replaces_atomically_and_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    ckpt.save({"x": torch.arange(3)}, path)
+
+    def broken_save(obj, f, *a, **k):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save({"x": torch.arange(5)}, path)
+    monkeypatch.undo()
+    assert torch.equal(ckpt.load(path)["x"], torch.arange(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]  # no temp file left
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_damaged_file_gives_an_error_naming_it(tmp_path, damage):
+    path = tmp_path / "ck.pt"
+    ckpt.save({"w": torch.randn(100, 100)}, path)
+    raw = path.read_bytes()
+    path.write_bytes({"truncate": raw[: len(raw) // 2], "garbage": b"\x00not a zip" * 10, "empty": b""}[damage])
+    with pytest.raises(ckpt.CheckpointError, match=r"ck\.pt.*corrupt or truncated"):
+        ckpt.load(path)
+
+
+def test_foreign_and_missing_files_are_named(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(ckpt.CheckpointError, match=r"other\.pt' is not a bfpsim checkpoint"):
+        ckpt.load(tmp_path / "other.pt")
+    with pytest.raises(ckpt.CheckpointError, match="does not exist"):
+        ckpt.load(tmp_path / "nope.pt")
+    with pytest.raises(ckpt.CheckpointError, match="has no checkpoints/last.pt"):
+        ckpt.resolve(tmp_path)
+
+
+def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
+    g = torch.Generator().manual_seed(7)
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    ckpt.save({"rng": ckpt.rng_state({"data": g})}, tmp_path / "r.pt")
+    expect = (random.random(), np.random.rand(), torch.rand(1), torch.rand(1, generator=g))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9), g.manual_seed(9)
+    ckpt.set_rng_state(ckpt.load(tmp_path / "r.pt")["rng"], {"data": g})
+    got = (random.random(), np.random.rand(), torch.rand(1), torch.rand(1, generator=g))
+    assert expect[:2] == got[:2] and torch.equal(expect[2], got[2]) and torch.equal(expect[3], got[3])
+
+
+def _final_model(run_dir: Path):
+    return ckpt.load(run_dir / "checkpoints" / "last.pt")
+
+
+def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_args):
+    # Precision switches at epoch 1 (the first epoch the resumed process trains),
+    # learning rate changes at epoch 2; every RNG and the switch must survive the kill.
+    tc = tmp_path / "sched.json"
+    tc.write_text('{"bfp-layer-conf-dict": {"0": "ResNet18_FB16", "1": "ResNet18_FB12"},'
+                  ' "optimizer-dict": {"2": {"lr": 0.05}}}')
+    common = tiny_args("--training-epochs", "3", "--save", "True", "-tc", str(tc))
+    killed = tmp_path / "runs" / "killed"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cifar.py"), *common, "--run-name", "killed"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        last = killed / "checkpoints" / "last.pt"
+        deadline = time.monotonic() + 300
+        while not last.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint after the first epoch"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    stopped_at = ckpt.load(last)["epoch"]
+    assert 1 <= stopped_at < 3, "the run finished before it could be killed"
+
+    assert main([*common, "--resume", str(killed)]) == 0
+    assert main([*common, "--run-name", "straight"]) == 0
+    resumed, straight = _final_model(killed), _final_model(tmp_path / "runs" / "straight")
+    assert resumed["epoch"] == straight["epoch"] == 3
+    assert resumed["model"].keys() == straight["model"].keys()
+    for k in straight["model"]:
+        assert torch.equal(resumed["model"][k], straight["model"][k]), k
+    for a, b in zip(resumed["optimizer"]["state"].values(), straight["optimizer"]["state"].values()):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    assert resumed["precision_state"] == straight["precision_state"]
+    assert resumed["active_precision"] == "ResNet18_FB12"
+    assert [h["test_acc1"] for h in resumed["history"]] == [h["test_acc1"] for h in straight["history"]]
+
+
+def test_resume_refuses_changed_flags(tmp_path, tiny_args, capsys):
+    args = tiny_args("--training-epochs", "1", "--save", "True", "--run-name", "r")
+    assert main(args) == 0
+    rc = main([*tiny_args("--optim-lr", "0.5"), "--resume", str(tmp_path / "runs" / "r")])
+    assert rc == 2
+    assert "--optim-lr" in capsys.readouterr().err
+
+
+def test_resume_of_a_corrupt_checkpoint_names_the_file(tmp_path, tiny_args, capsys):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    assert main([*tiny_args(), "--resume", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.pt" in err and "corrupt or truncated" in err and "Traceback" not in err
