@@ -314,24 +314,40 @@ class DynamicPrecision(Callback):
             raise ValueError(f"decision interval given twice: the --do spec says every "
                              f"{self.spec.every!r}, --do-every says {every!r}; give one")
         self.every = self.spec.every or every or "epoch"
-        self.model = model
-        self.layers: dict[str, torch.nn.Module] = {n: m for n, m in model.named_modules() if _is_qlayer(m)}
-        if not self.layers:
-            raise ValueError("DynamicPrecision found no converted layers (modules with a LayerPrecision "
-                             "'precision'); convert the model first (bfp.convert)")
         self.controller = SimpleController(self.spec)
-        self._row = {id(m): i for i, m in enumerate(self.layers.values())}
-        self._acc: Optional[torch.Tensor] = None  # int64 [layers, points, (nonzero, zeroed)]
-        self._views: dict[tuple[int, int], torch.Tensor] = {}
         self._batches = 0  # training steps since the last decision
         self._saved_hooks: Optional[dict[str, Any]] = None
-        self._trainer = None
+        self._bind(model)
 
     @classmethod
     def from_args(cls, model: torch.nn.Module, spec: Union[str, SimpleSpec], color: Union[bool, str] = False,
                   every: Union[int, str, None] = None) -> "DynamicPrecision":
         """Build from the CLI's ``--do``, ``--do-color`` and ``--do-every`` values."""
         return cls(model, spec, color=color, every=every)
+
+    def _bind(self, model: torch.nn.Module) -> bool:
+        """Take ``model``'s Q-layers; True when they differ from those held before.
+
+        Called again at each epoch start, because a ``conf_train`` precision
+        switch may swap float layers for new Q-layers; the counts of the
+        decision under way then start afresh.
+        """
+        layers = {n: m for n, m in model.named_modules() if _is_qlayer(m)}
+        if not layers:
+            raise ValueError("DynamicPrecision found no converted layers (modules with a LayerPrecision "
+                             "'precision'); convert the model first (bfp.convert)")
+        old = getattr(self, "layers", None)
+        if old is not None and list(old) == list(layers) and all(old[n] is m for n, m in layers.items()):
+            return False
+        installed = self._saved_hooks is not None
+        self.remove()
+        self.model, self.layers = model, layers
+        self._row = {id(m): i for i, m in enumerate(layers.values())}
+        self._acc: Optional[torch.Tensor] = None  # int64 [layers, points, (nonzero, zeroed)]
+        self._views: dict[tuple[int, int], torch.Tensor] = {}
+        if installed:
+            self.install()
+        return old is not None
 
     # -- measuring ------------------------------------------------------------------
     def install(self) -> None:
@@ -472,7 +488,7 @@ class DynamicPrecision(Callback):
 
     # -- callback protocol ------------------------------------------------------------
     def on_train_start(self, trainer) -> None:
-        self._trainer = trainer
+        self._bind(trainer.model)
         self.install()
         path = self._csv_path(trainer)
         if path is not None and path.exists():  # a resumed run: drop decisions not in the checkpoint
@@ -481,6 +497,11 @@ class DynamicPrecision(Callback):
         trainer.log(f"dynamic precision: {self.spec} deciding every "
                     f"{'epoch' if self.every == 'epoch' else f'{self.every} steps'} on "
                     f"{len(self.layers)} layers")
+
+    def on_epoch_start(self, trainer, epoch) -> None:
+        if self._bind(trainer.model):
+            trainer.log(f"dynamic precision: the model's layers changed at epoch {epoch}; measuring "
+                        f"{len(self.layers)} layers afresh")
 
     def on_batch_end(self, trainer, step) -> None:
         self._batches += 1
@@ -492,6 +513,9 @@ class DynamicPrecision(Callback):
             self._decide_and_log(trainer)
 
     def on_train_end(self, trainer) -> None:
+        self.remove()
+
+    def on_exception(self, trainer, exc) -> None:
         self.remove()
 
     def _decide_and_log(self, trainer) -> list[dict[str, Any]]:
@@ -611,43 +635,51 @@ def format_table(rows: list[dict[str, Any]], spec: SimpleSpec, *, color: bool = 
 def plot_precision(run_dir: Union[str, os.PathLike], out: Union[str, os.PathLike, None] = None) -> Path:
     """Draw each layer's bits over training from the run's CSV log; return the PNG path.
 
-    One panel per linked pair; rows are layers, columns decisions, colour the
-    bits after the decision. Default output: ``RUN_DIR/dynamic_precision.png``.
+    One panel per linked pair; rows are layers, columns the bits at the start
+    and after each decision (labelled with the training step), colour the
+    bits. Default output: ``RUN_DIR/dynamic_precision.png``.
     """
     import matplotlib
     matplotlib.use("Agg")
-    import numpy as np
     import matplotlib.pyplot as plt
+    import numpy as np
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
     rows = read_log(run_dir)
     if not rows:
         raise ValueError(f"{run_dir}: the dynamic precision log has no decisions yet")
     run_path = Path(run_dir)
-    out = Path(out) if out is not None else (run_path if run_path.is_dir() else run_path.parent) / "dynamic_precision.png"
+    folder = run_path if run_path.is_dir() else run_path.parent
+    out = Path(out) if out is not None else folder / "dynamic_precision.png"
     layers = list(dict.fromkeys(r["layer"] for r in rows))
     decisions = sorted({int(r["decision"]) for r in rows})
-    steps = {int(r["decision"]): r["step"] for r in rows}
+    col = {d: i + 1 for i, d in enumerate(decisions)}  # column 0: bits before the first decision
+    labels = ["start"] + [next(r["step"] or f"#{d}" for r in rows if int(r["decision"]) == d)
+                          for d in decisions]
     pairs = [p for p in PAIR_NAMES if any(r["pair"] == p for r in rows)]
     levels = sorted({int(r["new_bits"]) for r in rows} | {int(r["old_bits"]) for r in rows})
     cmap = ListedColormap(plt.get_cmap("viridis")(np.linspace(0, 1, len(levels))))
     bounds = [levels[0] - 0.5] + [(a + b) / 2 for a, b in zip(levels, levels[1:])] + [levels[-1] + 0.5]
     norm = BoundaryNorm(bounds, cmap.N)
-    col = {d: i for i, d in enumerate(decisions)}
-    fig, axes = plt.subplots(1, len(pairs), figsize=(3 + 2.5 * len(pairs) + 0.05 * len(decisions),
+    n_cols = len(decisions) + 1
+    fig, axes = plt.subplots(1, len(pairs), figsize=(3 + 2.5 * len(pairs) + 0.05 * n_cols,
                                                       1.5 + 0.25 * len(layers)), squeeze=False, sharey=True)
     image = None
     for ax, pair in zip(axes[0], pairs):
-        grid = np.full((len(layers), len(decisions)), np.nan)
+        grid = np.full((len(layers), n_cols), np.nan)
         for r in rows:
-            if r["pair"] == pair:
-                grid[layers.index(r["layer"]), col[int(r["decision"])]] = float(r["new_bits"])
+            if r["pair"] != pair:
+                continue
+            i, j = layers.index(r["layer"]), col[int(r["decision"])]
+            grid[i, j] = float(r["new_bits"])
+            if np.isnan(grid[i, 0]):
+                grid[i, 0] = float(r["old_bits"])
         image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, norm=norm)
         ax.set_title(pair)
-        ticks = sorted(set(range(0, len(decisions), max(1, len(decisions) // 6))) | {len(decisions) - 1})
+        ticks = sorted(set(range(0, n_cols, max(1, n_cols // 6))) | {n_cols - 1})
         ax.set_xticks(ticks)
-        ax.set_xticklabels([steps[decisions[t]] or str(decisions[t]) for t in ticks], rotation=45)
-        ax.set_xlabel("step after decision")
+        ax.set_xticklabels([labels[t] for t in ticks], rotation=45)
+        ax.set_xlabel("training step")
     axes[0][0].set_yticks(range(len(layers)))
     axes[0][0].set_yticklabels(layers, fontsize=7)
     fig.colorbar(image, ax=axes[0].tolist(), ticks=levels, label="bits")
