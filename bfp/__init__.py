@@ -1,0 +1,38 @@
+"""bfpsim: low-precision training simulator for PyTorch.
+
+Layers (each knows only the one below it):
+
+    formats      bfp.formats     Float, BlockFloat, MX, format_from_name
+    kernels      bfp.kernels     quantize (PyTorch reference, Numba CPU, Numba CUDA)
+    layers       bfp.functional, bfp.layers, bfp.accumulate
+    conversion   bfp.config, bfp.convert
+    engine       bfp.engine, bfp.models, bfp.dynamic
+    scripts      cifar.py, draw_curve.py
+"""
+from importlib import import_module
+
+from .formats import (BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding,
+                      format_from_dict, format_from_name, format_names)
+from .kernels import quantize, zero_setting_error
+from .precision import POINTS, LayerPrecision
+
+__version__ = "0.1.0"
+
+# Higher layers load on first use so `import bfp` stays light.
+_LAZY = {
+    "convert": "bfp.convert", "conversion_report": "bfp.convert",
+    "precision_state": "bfp.convert", "load_precision_state": "bfp.convert",
+    "QLinear": "bfp.layers", "QConv1d": "bfp.layers", "QConv2d": "bfp.layers",
+    "QMatmul": "bfp.layers", "Accumulator": "bfp.accumulate",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'bfp' has no attribute {name!r}")
+
+
+__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "Overflow", "Rounding",
+           "format_from_dict", "format_from_name", "format_names", "quantize",
+           "zero_setting_error", "POINTS", "LayerPrecision", *_LAZY]

@@ -1,0 +1,404 @@
+"""Number formats: small immutable values that say *what* to round to.
+
+Formats know nothing about kernels; ``bfp.quantize`` (``bfp/kernels``) takes a
+format and rounds a tensor to it.  Three families cover everything:
+
+``Float(exp, man)``
+    Any sign/exponent/mantissa float with 1 <= exp <= 8, 0 <= man <= 23
+    (IEEE-like, OCP FP8/FP6/FP4, bfloat16, float16, tf32 ...).
+``BlockFloat(bits, group)``
+    Block floating point of the original BFP simulator (FlexBlock): one shared
+    exponent per tile of ``group`` shape, ``bits`` magnitude bits per element.
+``MX(element, block, axis)``
+    OCP Microscaling v1.0: an E8M0 power-of-two scale per ``block`` elements
+    along ``axis``, elements in a small Float (or INT8).
+
+Every numeric rule (rounding, subnormals, overflow, NaN/Inf) is stated in the
+class docstrings below and in ``docs/formats.md``.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+
+class Rounding(str, Enum):
+    """How a value between two representable neighbours is resolved.
+
+    Let ``v = |x| / 2**q`` be the magnitude in units of the target LSB ``2**q``
+    and ``k = floor(v)``, ``f = v - k`` its dropped fraction. The result is
+    ``sign(x) * k' * 2**q`` (rounding acts on the magnitude; signs are kept):
+
+    * ``TRUNCATE``: ``k' = k`` (toward zero; the original BFP simulator's mode).
+    * ``NEAREST``: ``k' = k + 1`` if ``f > 1/2``, or ``f == 1/2`` and ``k`` is
+      odd; else ``k`` (round half to even).
+    * ``STOCHASTIC``: ``k' = k + 1`` with probability ``floor(f * 2**32) / 2**32``
+      (a counter-based 32-bit random number per element, compared with the top
+      32 dropped bits), else ``k``. Unbiased to within 2**-32 LSB.
+    """
+
+    TRUNCATE = "truncate"
+    NEAREST = "nearest"
+    STOCHASTIC = "stochastic"
+
+    def __str__(self) -> str:  # repr of formats shows rounding=nearest
+        return self.value
+
+
+class Encoding(str, Enum):
+    """Which codes of the top exponent a Float spends on Inf/NaN.
+
+    * ``IEEE``: the top exponent code is reserved for Inf (mantissa 0) and NaN
+      (IEEE 754: float32, float16, bfloat16, float8_e5m2).
+    * ``FN``: finite with NaN: the top exponent holds normal numbers except the
+      all-ones mantissa, which is NaN; no Inf (float8_e4m3fn, OCP E4M3).
+    * ``FINITE``: every code is a finite number; no Inf, no NaN (OCP FP6/FP4:
+      float6_e3m2fn, float6_e2m3fn, float4_e2m1fn).
+    """
+
+    IEEE = "ieee"
+    FN = "fn"
+    FINITE = "finite"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Overflow(str, Enum):
+    """What a finite value beyond the largest finite magnitude ``max`` becomes.
+
+    * ``SATURATE``: ``±max`` (OCP "satfinite"; the default).
+    * ``INF``: ``±inf`` (IEEE 754 behaviour; needs an ``IEEE`` encoding).
+    """
+
+    SATURATE = "saturate"
+    INF = "inf"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _enum(enum_cls, value, what: str):
+    try:
+        return enum_cls(value.value if isinstance(value, Enum) else value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in enum_cls)
+        raise ValueError(f"unknown {what} {value!r}; allowed: {allowed}") from None
+
+
+def _int_in(value, lo: int, hi: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{what} must be an integer in {lo}..{hi}, got {value!r}")
+    return value
+
+
+class Format:
+    """Base class of all formats (for ``isinstance`` checks and serialisation)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict that ``format_from_dict`` turns back into ``self``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Float(Format):
+    """A binary floating-point format with ``exp`` exponent and ``man`` mantissa bits.
+
+    Values: ``±2**e * (1 + m / 2**man)`` for normal exponents
+    ``emin <= e <= emax`` and, with ``subnormals``, ``±2**emin * (m / 2**man)``;
+    ``bias = 2**(exp-1) - 1`` and ``emin = 1 - bias``. The largest exponent and
+    magnitude depend on the ``encoding`` (see ``Encoding``).
+
+    Numerics of ``quantize(x, Float(...))`` on float32 ``x``:
+
+    * rounding: ``rounding`` (``Rounding``), at the LSB ``2**(max(e, emin) - man)``
+      where ``e = floor(log2|x|)``; a rounding carry into the next binade is kept.
+    * subnormals: with ``subnormals=True`` gradual underflow as IEEE 754;
+      with ``False`` the value is rounded as if subnormals existed and a result
+      below the smallest normal ``2**emin`` is flushed to a zero of ``x``'s sign.
+    * overflow: a rounded finite magnitude above ``max`` becomes ``±max``
+      (``overflow="saturate"``) or ``±inf`` (``"inf"``, IEEE encoding only).
+    * NaN stays NaN. ``±inf`` stays ``±inf`` where the encoding has Inf and
+      becomes NaN where it has not (``FN``/``FINITE``): never a finite value.
+    * zeros keep their sign; results that round to zero are signed zeros.
+    """
+
+    exp: int
+    man: int
+    rounding: Rounding = Rounding.NEAREST
+    subnormals: bool = True
+    overflow: Overflow = Overflow.SATURATE
+    encoding: Encoding = Encoding.IEEE
+
+    def __post_init__(self):
+        _int_in(self.exp, 1, 8, "Float exp (exponent bits)")
+        _int_in(self.man, 0, 23, "Float man (mantissa bits)")
+        object.__setattr__(self, "rounding", _enum(Rounding, self.rounding, "rounding"))
+        object.__setattr__(self, "overflow", _enum(Overflow, self.overflow, "overflow"))
+        object.__setattr__(self, "encoding", _enum(Encoding, self.encoding, "encoding"))
+        if not isinstance(self.subnormals, bool):
+            raise ValueError(f"subnormals must be True or False, got {self.subnormals!r}")
+        if self.encoding is Encoding.IEEE and self.exp < 2:
+            raise ValueError("Float(exp=1) with encoding='ieee' has no normal numbers; "
+                             "use encoding='finite' (or 'fn') for a 1-bit exponent")
+        if self.encoding is Encoding.FN and self.man < 1:
+            raise ValueError("encoding='fn' needs man >= 1 (the all-ones mantissa is NaN)")
+        if self.overflow is Overflow.INF and self.encoding is not Encoding.IEEE:
+            raise ValueError(f"overflow='inf' needs encoding='ieee': encoding={self.encoding.value!r} "
+                             "has no Inf; use overflow='saturate'")
+
+    # -- derived constants -------------------------------------------------
+    @property
+    def bias(self) -> int:
+        return 2 ** (self.exp - 1) - 1
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal number."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest finite number."""
+        top = 2 ** self.exp - 1  # largest exponent code
+        return (top - 1 if self.encoding is Encoding.IEEE else top) - self.bias
+
+    @property
+    def max(self) -> float:
+        """Largest finite magnitude."""
+        drop = 1 if self.encoding is Encoding.FN else 0  # all-ones mantissa is NaN
+        return (2.0 - 2.0 ** (drop - self.man)) * 2.0 ** self.emax
+
+    @property
+    def min_normal(self) -> float:
+        return 2.0 ** self.emin
+
+    @property
+    def min_subnormal(self) -> float:
+        return 2.0 ** (self.emin - self.man) if self.subnormals else 2.0 ** self.emin
+
+    @property
+    def has_inf(self) -> bool:
+        return self.encoding is Encoding.IEEE
+
+    @property
+    def bits(self) -> int:
+        """Storage bits: sign + exponent + mantissa."""
+        return 1 + self.exp + self.man
+
+    def __repr__(self) -> str:
+        extra = "" if self.subnormals else ", subnormals=False"
+        extra += "" if self.encoding is Encoding.IEEE else f", encoding={self.encoding}"
+        return (f"Float(e{self.exp}m{self.man}, rounding={self.rounding}, "
+                f"overflow={self.overflow}{extra})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "float", "exp": self.exp, "man": self.man, "rounding": self.rounding.value,
+                "subnormals": self.subnormals, "overflow": self.overflow.value,
+                "encoding": self.encoding.value}
+
+
+def _canon_group(group) -> tuple[int, ...]:
+    if isinstance(group, int) and not isinstance(group, bool):
+        group = (group,)
+    try:
+        group = tuple(group)
+    except TypeError:
+        raise ValueError(f"group must be a sequence of positive integers, got {group!r}") from None
+    if not group or any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in group):
+        raise ValueError(f"group must be a non-empty sequence of positive integers, got {group!r}")
+    return group
+
+
+@dataclass(frozen=True)
+class BlockFloat(Format):
+    """Block floating point with the original BFP simulator's semantics.
+
+    The tensor is cut into aligned tiles of shape ``group`` starting at index 0
+    of every axis; a tile at the end of an axis is smaller (53 channels in groups
+    of 8: six tiles of 8 and one of 5). If ``group`` has more entries than the
+    tensor has axes only the first ``ndim`` are used (a 2-D Linear weight uses
+    the first two); if it has fewer, the missing trailing axes get tile size 1.
+
+    Per tile: ``Emax = max floor(log2|x|)`` over its finite nonzero elements
+    (float32 exponents; float32 subnormals count with their true exponent), the
+    LSB is ``2**(Emax - bits + 1)``, so ``bits`` counts magnitude bits including
+    the leading one of the largest element; the sign is extra. Each magnitude is
+    rounded to a multiple of the LSB with ``rounding``:
+
+    * ``truncate`` (default, the original's only mode): toward zero.
+      ``bits=4``: ``[1.9, 0.3, 0.1, -0.05] -> [1.875, 0.25, 0, -0]``.
+    * ``nearest``: half to even, the magnitude clamped to ``2**bits - 1`` LSBs
+      (a largest element that would round up to ``2**(Emax+1)`` saturates).
+    * ``stochastic``: see ``Rounding``; clamped like ``nearest``.
+
+    No subnormal/overflow cases exist beyond that clamp. A tile of zeros is left
+    alone; zeros keep their sign. NaN and ±Inf are passed through unchanged and
+    do not take part in the shared exponent, so they never corrupt the finite
+    members of their tile (the original flushed the whole tile to zero).
+    """
+
+    bits: int
+    group: tuple[int, ...]
+    rounding: Rounding = Rounding.TRUNCATE
+
+    def __post_init__(self):
+        _int_in(self.bits, 1, 24, "BlockFloat bits")
+        object.__setattr__(self, "group", _canon_group(self.group))
+        object.__setattr__(self, "rounding", _enum(Rounding, self.rounding, "rounding"))
+
+    def group_for(self, ndim: int) -> tuple[int, ...]:
+        """The tile shape used on a tensor of rank ``ndim``."""
+        g = self.group[:ndim]
+        return g + (1,) * (ndim - len(g))
+
+    def __repr__(self) -> str:
+        return f"BlockFloat(bits={self.bits}, group={list(self.group)}, rounding={self.rounding})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "blockfloat", "bits": self.bits, "group": list(self.group),
+                "rounding": self.rounding.value}
+
+
+INT8 = "int8"
+
+
+@dataclass(frozen=True)
+class MX(Format):
+    """OCP Microscaling (MX v1.0) block format.
+
+    ``block`` consecutive elements along ``axis`` (aligned from index 0; the tail
+    block is smaller) share an E8M0 scale ``2**s`` with
+    ``s = floor(log2(amax)) - emax_elem`` clamped to E8M0's ``[-127, 127]``,
+    ``amax`` the largest finite magnitude of the block. Each element is then
+    ``element`` rounded as ``Float`` rounds, scaled by ``2**s`` (exactly: no
+    division happens), with its rounding (nearest-even by default), its
+    subnormals, and saturation to ``±max * 2**s``. ``element="int8"`` is
+    MXINT8: two's complement with an implicit ``2**-6``, i.e. magnitudes
+    rounded to multiples of ``2**(s-6)`` and clamped to ``127 * 2**(s-6)``
+    (``emax_elem = 0``).
+
+    Blocks of zeros are left alone. NaN and ±Inf do not take part in ``amax``;
+    NaN stays NaN and Inf becomes NaN (MX elements have no Inf). Unlike the OCP
+    spec, which would make the whole block NaN, the finite members are kept:
+    a simulator should not hide where a non-finite value came from.
+    """
+
+    element: Union[Float, str]
+    block: int = 32
+    axis: int = -1
+
+    def __post_init__(self):
+        el = self.element
+        if isinstance(el, str) and el != INT8:
+            el = format_from_name(el)
+            if not isinstance(el, Float):
+                raise ValueError(f"MX element must be a Float format or 'int8', got {self.element!r}")
+        if not (isinstance(el, Float) or el == INT8):
+            raise ValueError(f"MX element must be a Float format or 'int8', got {el!r}")
+        if isinstance(el, Float) and el.overflow is not Overflow.SATURATE:
+            raise ValueError("MX elements saturate (OCP MX v1.0): use overflow='saturate'")
+        object.__setattr__(self, "element", el)
+        _int_in(self.block, 1, 2 ** 31 - 1, "MX block")
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+            raise ValueError(f"MX axis must be an integer, got {self.axis!r}")
+
+    @property
+    def rounding(self) -> Rounding:
+        return self.element.rounding if isinstance(self.element, Float) else Rounding.NEAREST
+
+    @property
+    def emax_elem(self) -> int:
+        return self.element.emax if isinstance(self.element, Float) else 0
+
+    def __repr__(self) -> str:
+        el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"
+        rnd = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
+        return f"MX({el}, block={self.block}, axis={self.axis}{rnd})"
+
+    def to_dict(self) -> dict[str, Any]:
+        el = self.element if self.element == INT8 else self.element.to_dict()
+        return {"kind": "mx", "element": el, "block": self.block, "axis": self.axis}
+
+
+# -- named presets -----------------------------------------------------------------
+
+def _presets() -> dict[str, Format]:
+    fn, fin = Encoding.FN, Encoding.FINITE
+    f = {
+        "float32": Float(8, 23),
+        "tf32": Float(8, 10),
+        "bfloat16": Float(8, 7),
+        "float16": Float(5, 10),
+        "float8_e4m3fn": Float(4, 3, encoding=fn),
+        "float8_e5m2": Float(5, 2),
+        "float6_e3m2fn": Float(3, 2, encoding=fin),
+        "float6_e2m3fn": Float(2, 3, encoding=fin),
+        "float4_e2m1fn": Float(2, 1, encoding=fin),
+    }
+    f.update({
+        "mxfp8_e4m3": MX(f["float8_e4m3fn"]),
+        "mxfp8_e5m2": MX(f["float8_e5m2"]),
+        "mxfp6_e3m2": MX(f["float6_e3m2fn"]),
+        "mxfp6_e2m3": MX(f["float6_e2m3fn"]),
+        "mxfp4_e2m1": MX(f["float4_e2m1fn"]),
+        "mxint8": MX(INT8),
+        # The original simulator's presets: FB12 / FB16 / FB24.
+        "fb12": BlockFloat(4, (1, 24, 3, 3)),
+        "fb16": BlockFloat(8, (1, 12, 3, 3)),
+        "fb24": BlockFloat(16, (1, 6, 3, 3)),
+    })
+    return f
+
+
+_PRESETS: dict[str, Format] = {}
+_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+            "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "fp8_e4m3": "float8_e4m3fn",
+            "fp8_e5m2": "float8_e5m2", "e3m2": "float6_e3m2fn", "e2m3": "float6_e2m3fn",
+            "e2m1": "float4_e2m1fn", "fp4": "float4_e2m1fn"}
+
+
+def format_names() -> list[str]:
+    """The names ``format_from_name`` knows (aliases excluded)."""
+    if not _PRESETS:
+        _PRESETS.update(_presets())
+    return list(_PRESETS)
+
+
+def format_from_name(name: str) -> Format:
+    """The preset called ``name`` (case-insensitive), e.g. ``"float8_e4m3fn"``, ``"fb16"``.
+
+    Raises ``ValueError`` listing the known names for an unknown one.
+    """
+    names = format_names()
+    if not isinstance(name, str):
+        raise ValueError(f"format name must be a string, got {name!r}")
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key in _PRESETS:
+        return _PRESETS[key]
+    close = difflib.get_close_matches(key, names + list(_ALIASES), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ValueError(f"unknown format name {name!r}{hint}; known: {', '.join(names)}")
+
+
+def format_from_dict(d: dict[str, Any]) -> Format:
+    """Inverse of ``Format.to_dict`` (used by checkpoints and saved configs)."""
+    if not isinstance(d, dict) or "kind" not in d:
+        raise ValueError(f"a format dict needs a 'kind' key, got {d!r}")
+    d = dict(d)
+    kind = d.pop("kind")
+    try:
+        if kind == "float":
+            return Float(**d)
+        if kind == "blockfloat":
+            return BlockFloat(**d)
+        if kind == "mx":
+            el = d.pop("element")
+            return MX(el if el == INT8 else format_from_dict(el), **d)
+    except TypeError as e:  # unknown or missing keys
+        raise ValueError(f"bad {kind} format dict {d!r}: {e}") from None
+    raise ValueError(f"unknown format kind {kind!r}; allowed: 'float', 'blockfloat', 'mx'")

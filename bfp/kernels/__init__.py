@@ -1,0 +1,51 @@
+"""Quantization kernels: round tensors to a ``bfp.formats`` format.
+
+``quantize`` picks the backend by the tensor's device: Numba CUDA for CUDA
+tensors, Numba CPU (parallel) for CPU tensors; ``backend="reference"`` runs the
+readable PyTorch reference that the fast kernels must equal bit for bit.
+Numba compiles lazily, on the first call of each kernel.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..formats import Format
+from .dispatch import quantize_stats
+
+__all__ = ["quantize", "quantize_stats", "zero_setting_error"]
+
+
+def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
+             backend: Optional[str] = None) -> torch.Tensor:
+    """A new tensor of ``x``'s shape, dtype and device with ``x`` rounded to ``fmt``.
+
+    ``x`` is never modified. float32 is exact. float16/bfloat16 inputs are
+    widened to float32 (exactly), quantized and rounded back to their dtype
+    (nearest-even; exact whenever ``fmt`` fits in that dtype). float64 inputs
+    are first rounded to float32 (nearest-even), so the result equals
+    ``quantize(x.float(), fmt).double()``.
+
+    ``generator`` seeds stochastic rounding: one 64-bit draw from it per call
+    keys a counter-based hash of each element's flat index, so the same seed
+    gives the same result on the same device whatever the parallelisation.
+    Without one, torch's default generator is used (``torch.manual_seed``).
+
+    ``backend``: ``None`` (by device), ``"reference"``, ``"cpu"`` or ``"cuda"``.
+    """
+    return quantize_stats(x, fmt, generator=generator, backend=backend, stats=False)[0]
+
+
+def zero_setting_error(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None) -> float:
+    """Share of the nonzero elements of ``x`` that quantizing to ``fmt`` makes zero.
+
+    Elements that are already zero are not counted (the original simulator
+    divided by all elements, so sparse tensors such as ReLU outputs looked
+    better than they were). Returns 0.0 for a tensor with no nonzero element.
+    Counted by the same kernels as ``quantize``, on ``x``'s device; only the
+    two counts travel to the host.
+    """
+    _, counts = quantize_stats(x, fmt, generator=generator, stats=True)
+    nonzero, zeroed = counts.tolist()
+    return zeroed / nonzero if nonzero else 0.0

@@ -1,0 +1,69 @@
+"""Pick a backend, prepare float32 bits, run, and return the result and counts."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..formats import Format
+from .plan import canonical_4d, rule_for, tile_for
+from .reference import quantize_reference
+
+BACKENDS = ("reference", "cpu", "cuda")
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _keys(generator: Optional[torch.Generator]) -> tuple[int, int]:
+    """Two 32-bit keys for the counter-based RNG: one draw from ``generator``."""
+    device = generator.device if generator is not None else "cpu"
+    k = torch.randint(0, 2 ** 32, (2,), generator=generator, device=device, dtype=torch.int64)
+    return tuple(int(v) for v in k.tolist())
+
+
+def _check(x, fmt) -> None:
+    if not isinstance(fmt, Format):
+        raise TypeError(f"quantize needs a bfp format (Float, BlockFloat, MX), got {fmt!r}; "
+                        "use bfp.format_from_name for names")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"quantize needs a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"quantize supports float32, float16, bfloat16 and float64 tensors, "
+                        f"got {x.dtype}")
+
+
+def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
+    nz = (xb & 0x7FFFFFFF) != 0
+    return torch.stack([nz.sum(), (nz & ((ob & 0x7FFFFFFF) == 0)).sum()])
+
+
+def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
+                   backend: Optional[str] = None, stats: bool = True):
+    """``(quantize(x, fmt), counts)``; counts is int64 ``[nonzero_in, zeroed]`` on x's
+    device when ``stats`` else None. See ``bfp.quantize`` for the arguments."""
+    _check(x, fmt)
+    backend = backend or ("cuda" if x.is_cuda else "cpu")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    rule = rule_for(fmt)
+    tile = tile_for(fmt, tuple(x.shape))
+    keys = _keys(generator) if rule.mode == 2 else (0, 0)
+    x32 = x.detach().to(torch.float32).contiguous()  # a copy unless x is float32 already
+
+    canon = None if tile is None else canonical_4d(tuple(x32.shape), tile)
+    if backend == "reference" or (tile is not None and canon is None):
+        out = quantize_reference(x32, rule, tile, keys)
+        counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
+    else:
+        shape4, tile4 = canon if canon is not None else (None, None)
+        out = torch.empty_like(x32)
+        if backend == "cpu":
+            if x32.is_cuda:
+                raise ValueError("backend='cpu' needs a CPU tensor; got one on " + str(x32.device))
+            from . import cpu
+            nz, zc = cpu.run(x32.view(torch.int32).numpy().reshape(-1),
+                             out.view(torch.int32).numpy().reshape(-1), rule, shape4, tile4, keys, stats)
+            counts = torch.tensor([nz, zc], dtype=torch.int64) if stats else None
+        else:
+            from . import cuda
+            counts = cuda.run(x32, out, rule, shape4, tile4, keys, stats)
+    return out.to(x.dtype), counts
