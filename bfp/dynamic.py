@@ -127,8 +127,8 @@ class SimpleSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"Simple {name} must be an integer >= 0 (decisions), got {v!r}")
-        object.__setattr__(self, "every", _parse_every(self.every, "Simple every"))
-        object.__setattr__(self, "ladder", _parse_ladder(self.ladder))
+        object.__setattr__(self, "every", _parse_every(self.every, "EVERY"))
+        object.__setattr__(self, "ladder", _parse_ladder(self.ladder, "LADDER"))
         if self.combine not in COMBINE:
             raise ValueError(f"Simple combine must be one of {', '.join(COMBINE)}, got {self.combine!r}")
 
@@ -198,10 +198,6 @@ def parse_spec(spec: Union[str, SimpleSpec]) -> SimpleSpec:
         if key in kw:
             raise ValueError(f"--do spec {spec!r} gives {key} twice; expected form {SPEC_FORM}")
         kw[key] = value.strip()
-    if "ladder" in kw:
-        kw["ladder"] = _parse_ladder(kw["ladder"], f"--do spec {spec!r}: LADDER")
-    if "every" in kw:
-        kw["every"] = _parse_every(kw["every"], f"--do spec {spec!r}: EVERY")
     try:
         return SimpleSpec(lower, upper, int(fields[3]), int(fields[4]), **kw)
     except ValueError as e:
@@ -575,8 +571,11 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], mode: str) -> None:
         if new:
             w.writeheader()
         for r in rows:
-            w.writerow({k: ("" if r[k] is None else (f"{r[k]:.6g}" if k == "zse" else r[k]))
-                        for k in CSV_FIELDS})
+            w.writerow({k: _csv_value(r[k]) for k in CSV_FIELDS})
+
+
+def _csv_value(v: Any) -> Any:
+    return "" if v is None else f"{v:.6g}" if isinstance(v, float) else v
 
 
 def read_log(path: Union[str, os.PathLike]) -> list[dict[str, str]]:
@@ -594,13 +593,24 @@ def read_log(path: Union[str, os.PathLike]) -> list[dict[str, str]]:
     return rows
 
 
-_ANSI = {"up": "\033[31m", "down": "\033[32m", "same": "", "hold": "\033[2m", "reset": "\033[0m"}
+_ANSI = {"raised": "\033[1;31m", "lowered": "\033[1;32m", "high": "\033[33m", "low": "\033[36m",
+         "unmeasured": "\033[2m", "": "", "reset": "\033[0m"}
+
+
+def _cell_kind(r: Mapping[str, Any], spec: SimpleSpec) -> str:
+    if r["new_bits"] != r["old_bits"]:
+        return "raised" if r["new_bits"] > r["old_bits"] else "lowered"
+    if r["zse"] is None:
+        return "unmeasured"
+    return "high" if r["zse"] > spec.upper else "low" if r["zse"] < spec.lower else ""
 
 
 def format_table(rows: list[dict[str, Any]], spec: SimpleSpec, *, color: bool = False) -> str:
     """A per-layer table of one decision: ``bits (zse)`` per pair, changes as ``old>new``.
 
-    With ``color``: raised red, lowered green (ANSI).
+    With ``color`` (ANSI): raised bold red, lowered bold green; unchanged
+    pairs yellow when their ZSE is above UPPER (held, or at the ladder's top),
+    cyan below LOWER, dim when nothing was measured.
     """
     if not rows:
         return "dynamic precision: no managed pairs"
@@ -619,15 +629,10 @@ def format_table(rows: list[dict[str, Any]], spec: SimpleSpec, *, color: bool = 
                 parts.append(f"{'-':<17}")
                 continue
             z = "  n/a" if r["zse"] is None else f"{r['zse']:.3f}"
-            b = (f"{r['old_bits']}>{r['new_bits']}" if r["new_bits"] != r["old_bits"]
-                 else str(r["new_bits"]))
-            text = f"{b:>5} ({z})"
-            text = f"{text:<17}"
-            if color:
-                kind = ("up" if r["new_bits"] > r["old_bits"] else "down"
-                        if r["new_bits"] < r["old_bits"] else "same")
-                text = f"{_ANSI[kind]}{text}{_ANSI['reset']}" if _ANSI[kind] else text
-            parts.append(text)
+            b = f"{r['old_bits']}>{r['new_bits']}" if r["new_bits"] != r["old_bits"] else str(r["new_bits"])
+            text = f"{f'{b:>5} ({z})':<17}"
+            kind = _cell_kind(r, spec) if color else ""
+            parts.append(f"{_ANSI[kind]}{text}{_ANSI['reset']}" if kind else text)
         lines.append(f"{name:<{width}}  " + "  ".join(parts))
     return "\n".join(lines)
 
