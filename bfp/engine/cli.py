@@ -116,14 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("optimization")
     g.add_argument("--training-epochs", type=int, default=None,
                    help="epochs to train (default: 4 for digits, 200 otherwise)")
-    g.add_argument("--batch-size-train", type=int, default=128)
-    g.add_argument("--batch-size-test", type=int, default=256)
+    g.add_argument("--batch-size-train", type=int, default=128, help="images per training step")
+    g.add_argument("--batch-size-test", type=int, default=256, help="images per evaluation batch")
     g.add_argument("--optim-lr", type=float, default=0.1, help="peak learning rate (SGD)")
-    g.add_argument("--optim-momentum", type=float, default=0.9)
-    g.add_argument("--optim-weight-decay", type=float, default=5e-4)
+    g.add_argument("--optim-momentum", type=float, default=0.9, help="SGD momentum")
+    g.add_argument("--optim-weight-decay", type=float, default=5e-4, help="SGD weight decay (L2)")
     g.add_argument("--warmup-epochs", type=float, default=0.0,
                    help="linear learning-rate warm-up before the cosine decay (fractions allowed)")
-    g.add_argument("--label-smoothing", type=float, default=0.0)
+    g.add_argument("--label-smoothing", type=float, default=0.0, help="cross-entropy label smoothing")
     g.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="compute dtype: fp16 (autocast + GradScaler starting at 2^16) or bf16 (autocast); "
                         "weights stay float32. Independent of --bfp, which simulates formats")
@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("slack")
     g.add_argument("--slackbot", **b, default=False,
                    help="post progress to Slack; token from ./slackbot.token or $BFP_SLACK_TOKEN")
-    g.add_argument("--slack-channel", default=os.environ.get("BFP_SLACK_CHANNEL", "#bfpsim"))
+    g.add_argument("--slack-channel", default=os.environ.get("BFP_SLACK_CHANNEL", "#bfpsim"),
+                   help="channel to post to (default from $BFP_SLACK_CHANNEL)")
     g.add_argument("--slack-base-url", default=None, help=argparse.SUPPRESS)  # tests: a local server
     return p
 
