@@ -103,6 +103,8 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_args):
     assert resumed["precision_state"] == straight["precision_state"]
     assert resumed["active_precision"] == "ResNet18_FB12"
     assert [h["test_acc1"] for h in resumed["history"]] == [h["test_acc1"] for h in straight["history"]]
+    # the interrupted run's config.json is kept; the resume writes its own beside it
+    assert (killed / "config.json").is_file() and (killed / f"config.resumed-at-epoch{stopped_at}.json").is_file()
 
 
 def test_resume_refuses_changed_flags(tmp_path, tiny_args, capsys):

@@ -407,7 +407,8 @@ def train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream
             trainer.load_state_dict(state)
             log(f"resumed {args.resume} at epoch {trainer.epoch + 1}/{trainer.epochs}")
         if run_dir is not None and (args.log or args.save):
-            log.write_json("config.json", {
+            # a resume adds its own file: the interrupted run's config.json stays as it was
+            log.write_json("config.json" if state is None else f"config.resumed-at-epoch{trainer.epoch}.json", {
                 "args": public_args, "command": sys.argv, "epoch_plan": plan.to_json(),
                 "network_config": network_config_json(trainer.model, trainer.active_precision),
                 "bfpsim_version": package_version(), "git_commit": git_commit(),
@@ -495,8 +496,10 @@ def apply_resume(args: argparse.Namespace, plan: EpochPlan) -> tuple[argparse.Na
     """The interrupted run's flags and plan, with the few flags that may change taken from ``args``."""
     state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu")
     saved = dict(state["extra"]["args"])
-    changed = sorted(k for k in args.explicit
-                     if k not in RESUME_OVERRIDES and saved.get(k) != getattr(args, k))
+    same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)
+    changed = sorted(k for k in args.explicit if k not in RESUME_OVERRIDES
+                     and not same(saved.get(k), getattr(args, k))
+                     and not (k in ("model", "dataset") and str(saved.get(k)).lower() == str(getattr(args, k)).lower()))
     if changed:
         raise UsageError(f"--resume continues the saved run as it was; these flags differ from it: "
                          f"{', '.join('--' + k.replace('_', '-') for k in changed)} (only "
