@@ -48,6 +48,9 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     tile = tile_for(fmt, tuple(x.shape))
     keys = _keys(generator) if rule.mode == 2 else (0, 0)
     x32 = x.detach().to(torch.float32).contiguous()  # a copy unless x is float32 already
+    if x32.numel() == 0:
+        zero = torch.zeros(2, dtype=torch.int64, device=x.device)
+        return x.detach().clone(), (zero if stats else None)
 
     canon = None if tile is None else canonical_4d(tuple(x32.shape), tile)
     if backend == "reference" or (tile is not None and canon is None):
