@@ -48,8 +48,9 @@ from .kernels import quantize
 
 GEMMS = ("forward", "input_grad", "weight_grad")
 # Chunk partial sums are materialised in slabs of at most this many elements
-# (64 MiB of float32) so memory stays bounded for large K.
-_SLAB_ELEMENTS = 1 << 24
+# (4 MiB of float32): one chunk at a time for large outputs, so the working set stays
+# in cache, many chunks per GEMM call for small ones, so Python overhead stays low.
+_SLAB_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)

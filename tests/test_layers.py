@@ -258,7 +258,7 @@ def test_gradcheck_with_points_off(case):
     layer.quantize_hook = _identity_hook  # float64 through the Function without rounding
     xd = x.double().requires_grad_()
     assert torch.autograd.gradcheck(lambda a, w, b: torch.func.functional_call(
-        layer, {"weight": w, "bias": b}, (a,)), (xd, mod.weight, mod.bias))
+        layer, {"weight": w, "bias": b}, (a,)), (xd, mod.weight, mod.bias), fast_mode=True)
 
 
 def test_qmatmul_points_and_off_identity():
