@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -90,39 +91,50 @@ def main(argv=None) -> int:
     def timed_step(with_do: bool) -> float:
         if with_do:
             dp.install()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         if with_do:
             decided["n"] += 1
             if decided["n"] % args.every == 0:
                 dp.decide(step=counter["i"])  # host sync + log rows, amortised over --every steps
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         dp.remove()
-        return dt
+        return dt, dc
 
     for _ in range(2):  # warm-up: Numba compiles, the allocator settles
         timed_step(False), timed_step(True)
-    times = {False: [], True: []}
+    wall, cpu = {False: [], True: []}, {False: [], True: []}
     for r in range(args.pairs):  # alternate single steps, flipping the order, so load drift hits both
         for with_do in ((False, True) if r % 2 == 0 else (True, False)):
-            times[with_do].append(timed_step(with_do))
-    ratios = [on / off for on, off in zip(times[True], times[False])]
+            dt, dc = timed_step(with_do)
+            wall[with_do].append(dt)
+            cpu[with_do].append(dc)
+    ratios = [on / off for on, off in zip(wall[True], wall[False])]
+    cpu_ratios = [on / off for on, off in zip(cpu[True], cpu[False])]
+    q = statistics.quantiles
     result = {
         "benchmark": "dynamic_overhead", "model": args.model, "width": args.width,
-        "input": [1, args.size, args.size], "batch": args.batch, "pairs": args.pairs, "decide_every": args.every, "threads": torch.get_num_threads(),
-        "layers": len(dp.layers), "torch": torch.__version__, "machine": platform.machine(),
-        "step_ms_without": 1e3 * statistics.median(times[False]),
-        "step_ms_with": 1e3 * statistics.median(times[True]),
-        "ratio_of_medians": statistics.median(times[True]) / statistics.median(times[False]),
-        "ratio_median": statistics.median(ratios),
-        "ratio_q1": statistics.quantiles(ratios, n=4)[0], "ratio_q3": statistics.quantiles(ratios, n=4)[2],
+        "input": [1, args.size, args.size], "batch": args.batch, "pairs": args.pairs,
+        "decide_every": args.every, "threads": torch.get_num_threads(), "layers": len(dp.layers),
+        "torch": torch.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],
+        "step_ms_without": 1e3 * statistics.median(wall[False]),
+        "step_ms_with": 1e3 * statistics.median(wall[True]),
+        "ratio_median": statistics.median(ratios), "ratio_q1": q(ratios, n=4)[0], "ratio_q3": q(ratios, n=4)[2],
+        "ratio_of_medians": statistics.median(wall[True]) / statistics.median(wall[False]),
+        "cpu_ms_without": 1e3 * statistics.median(cpu[False]),
+        "cpu_ms_with": 1e3 * statistics.median(cpu[True]),
+        "cpu_ratio_median": statistics.median(cpu_ratios),
+        "cpu_ratio_q1": q(cpu_ratios, n=4)[0], "cpu_ratio_q3": q(cpu_ratios, n=4)[2],
     }
-    print(f"{'variant':<22}{'median step ms':>16}")
-    print(f"{'without --do':<22}{result['step_ms_without']:>16.2f}")
-    print(f"{'with --do':<22}{result['step_ms_with']:>16.2f}")
-    print(f"ratio with/without of adjacent steps: median {result['ratio_median']:.3f} "
-          f"(quartiles {result['ratio_q1']:.3f}..{result['ratio_q3']:.3f}); ratio of medians "
-          f"{result['ratio_of_medians']:.3f}; overhead {100 * (result['ratio_median'] - 1):+.1f}%")
+    print(f"{'variant':<16}{'wall ms/step':>14}{'CPU ms/step':>14}")
+    for label, key in (("without --do", "without"), ("with --do", "with")):
+        print(f"{label:<16}{result[f'step_ms_{key}']:>14.2f}{result[f'cpu_ms_{key}']:>14.2f}")
+    print(f"with/without, median over adjacent pairs: wall {result['ratio_median']:.3f} "
+          f"(quartiles {result['ratio_q1']:.3f}..{result['ratio_q3']:.3f}), CPU "
+          f"{result['cpu_ratio_median']:.3f} (quartiles {result['cpu_ratio_q1']:.3f}.."
+          f"{result['cpu_ratio_q3']:.3f}); load average {result['load_average_1min']:.1f} on "
+          f"{result['cpus']} CPUs")
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -419,14 +419,22 @@ class DynamicPrecision(Callback):
                 out[pair_name(pair)] = pts
         return out
 
+    def global_counts(self) -> torch.Tensor:
+        """``counts()`` summed over all processes when ``torch.distributed`` is
+        initialised (every rank must call it at the same decision), so all
+        ranks make the same decisions; else ``counts()``."""
+        dist = torch.distributed
+        if self._acc is None or not (dist.is_available() and dist.is_initialized()):
+            return self.counts()
+        total = self._acc.clone()
+        dist.all_reduce(total)
+        return total.cpu()
+
     def point_zse(self, counts: Optional[torch.Tensor] = None) -> dict[str, dict[str, float]]:
-        """ZSE per layer and measured point since the last decision."""
-        counts = self.counts() if counts is None else counts
-        out: dict[str, dict[str, float]] = {}
-        for i, name in enumerate(self.layers):
-            out[name] = {p: counts[i, j, 1].item() / counts[i, j, 0].item()
-                         for j, p in enumerate(POINTS) if counts[i, j, 0] > 0}
-        return out
+        """ZSE per layer and measured point since the last decision (all processes)."""
+        c = (self.global_counts() if counts is None else counts).tolist()
+        return {name: {p: zeroed / nonzero for p, (nonzero, zeroed) in zip(POINTS, c[i]) if nonzero}
+                for i, name in enumerate(self.layers)}
 
     def decide(self, step: Optional[int] = None, epoch: Optional[int] = None,
                zse: Optional[Mapping[str, Mapping[str, float]]] = None) -> list[dict[str, Any]]:

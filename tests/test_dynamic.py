@@ -211,6 +211,20 @@ def test_measured_output_is_what_quantize_gives():
     assert torch.equal(model(x), plain)
 
 
+def test_counts_are_summed_over_processes_when_distributed(tmp_path):
+    import torch.distributed as dist
+    model = torch.nn.Sequential(_conv())
+    dp = DynamicPrecision(model, "Simple/0.1/0.2/0/0")
+    dp.install()
+    model(wide_tensor((2, 6, 5, 5), seed=4)).sum().backward()
+    local = dp.counts()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert torch.equal(dp.global_counts(), local)  # one rank: the sum is its own counts
+    finally:
+        dist.destroy_process_group()
+
+
 # -- decisions on real layers -------------------------------------------------------
 
 def _mixed_model():
