@@ -132,19 +132,19 @@ class _ConvOp:
         y = down(accumulate_conv2d(up(x), up(w), acc, s, p, d, self.groups, generator=gen))
         return y if b is None else y + b.reshape(-1, *([1] * self.dims))
 
+    def _lowered_grad(self, fn, g, operand, shaped_like, acc, gen):
+        s, p, d, up, down = self._as2d()
+        return down(fn(up(g), up(operand), up(shaped_like).shape, acc, s, p, d, self.groups, generator=gen))
+
     def grad_input(self, g, w, x, acc, gen):
         if acc is None:
             return self._backward(g, x, w, [True, False, False])[0]
-        s, p, d, up, down = self._as2d()
-        return down(accumulate_conv2d_input(up(g), up(w), up(x).shape, acc, s, p, d, self.groups,
-                                            generator=gen))
+        return self._lowered_grad(accumulate_conv2d_input, g, w, x, acc, gen)
 
     def grad_weight(self, g, x, w, acc, gen):
         if acc is None:
             return self._backward(g, x, w, [False, True, False])[1]
-        s, p, d, up, down = self._as2d()
-        return down(accumulate_conv2d_weight(up(g), up(x), up(w).shape, acc, s, p, d, self.groups,
-                                             generator=gen))
+        return self._lowered_grad(accumulate_conv2d_weight, g, x, w, acc, gen)
 
     def grad_bias(self, g, x, w):
         return self._backward(g, x, w, [False, False, True])[2]

@@ -103,6 +103,10 @@ class _QConvNd(_QuantizedMixin):
     _dims = 2
     _float_type: type = nn.Conv2d
 
+    def __init__(self, *args, precision: Optional[LayerPrecision] = None, **kwargs):
+        super().__init__(*args, **kwargs)  # the nn.ConvNd after the mixin in the MRO
+        self._init_quantized(precision)
+
     @classmethod
     def from_float(cls, module: nn.Module, precision: Optional[LayerPrecision] = None):
         cls._check_source(module, cls._float_type)
@@ -132,20 +136,12 @@ class QConv2d(_QConvNd, nn.Conv2d):
     _dims = 2
     _float_type = nn.Conv2d
 
-    def __init__(self, *args, precision: Optional[LayerPrecision] = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_quantized(precision)
-
 
 class QConv1d(_QConvNd, nn.Conv1d):
     """``nn.Conv1d`` with the nine quantization points."""
 
     _dims = 1
     _float_type = nn.Conv1d
-
-    def __init__(self, *args, precision: Optional[LayerPrecision] = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._init_quantized(precision)
 
 
 class Matmul(nn.Module):
