@@ -31,7 +31,7 @@ from .trainer import PRECISIONS, Trainer, TrainConfig
 DEFAULT_EPOCHS = {"digits": 4}           # everything else: 200 (the original's CIFAR schedule)
 PLAN_KEYS = ("bfp-layer-conf-dict", "optimizer-dict")
 # Flags a resumed run may change (where it runs and what it reports, not what it computes).
-RESUME_OVERRIDES = {"training_epochs", "num_workers", "device", "log", "save", "save_interval",
+RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
                     "slackbot", "slack_channel", "slack_base_url", "progress", "batch_size_test",
                     "histograms", "resume", "do_color", "dataset_path", "mode"}
 
@@ -100,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "folder with train/ and test/)")
     g.add_argument("--in-channels", type=int, default=3, help="channels of digits images (1 or 3)")
     g.add_argument("--limit-train-images", type=int, default=0, metavar="N",
-                   help="train on the first N training images only (smoke tests; 0: all)")
+                   help="train on N training images spread evenly over the set (smoke tests; 0: all)")
     g.add_argument("--limit-test-images", type=int, default=0, metavar="N",
-                   help="evaluate on the first N test images only (0: all)")
+                   help="evaluate on N test images spread evenly over the set (0: all)")
     g.add_argument("--bfp", default=None, metavar="CONFIG",
                    help="network config: a preset name from conf_net/ (e.g. ResNet18_FB16), a JSON path; "
                         "omitted: FP32")
@@ -405,7 +405,10 @@ def train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream
     try:
         if state is not None:
             trainer.load_state_dict(state)
-            log(f"resumed {args.resume} at epoch {trainer.epoch + 1}/{trainer.epochs}")
+            if trainer.epoch >= trainer.epochs:
+                log(f"{args.resume}: the run already finished its {trainer.epochs} epochs; nothing to do")
+            else:
+                log(f"resumed {args.resume} at epoch {trainer.epoch + 1}/{trainer.epochs}")
         if run_dir is not None and (args.log or args.save):
             # a resume adds its own file: the interrupted run's config.json stays as it was
             log.write_json("config.json" if state is None else f"config.resumed-at-epoch{trainer.epoch}.json", {
@@ -417,7 +420,7 @@ def train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream
         log(f"{trainer.describe()}; {data.describe()}; device {device}"
             + (f"; run directory {run_dir}" if run_dir else ""))
         if state is None:
-            trainer._log_precision()
+            trainer.log_precision()
         t0 = time.perf_counter()
         history = trainer.fit()
         total = time.perf_counter() - t0

@@ -151,7 +151,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
 
     ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
     ``seed`` seeds the generator that shuffles and augments the training set.
-    ``limit_train`` / ``limit_test``: keep only the first N images (smoke tests; 0 = all).
+    ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
     """
     name = canonical_name(name)
     if name in ("CIFAR10", "CIFAR100") and path and _cifar_files_absent(name, Path(path)) \
@@ -203,11 +203,14 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
 
 
 def _limit(ds, n: int):
+    """``n`` images spread evenly over ``ds`` (image folders are sorted by class:
+    the first ``n`` could all be one class)."""
     if not n or n >= len(ds):
         return ds
+    idx = torch.arange(n) * len(ds) // n
     if isinstance(ds, TensorDataset):
-        return TensorDataset(ds.images[:n], ds.labels[:n])
-    return torch.utils.data.Subset(ds, range(n))
+        return TensorDataset(ds.images[idx], ds.labels[idx])
+    return torch.utils.data.Subset(ds, idx.tolist())
 
 
 def _base(ds):

@@ -82,7 +82,7 @@ class Trainer:
     def __init__(self, model: nn.Module, data, config: TrainConfig, *, device: Any = "cpu",
                  log=None, checkpoint_dir: Optional[Path] = None, callbacks: Iterable[Callback] = (),
                  plan: Optional[EpochPlan] = None, initial_precision: Any = None,
-                 extra_state: Optional[dict] = None, name: str = ""):
+                 extra_state: Optional[dict] = None, name: str = "", rank: int = 0):
         from .logs import RunLog
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -97,6 +97,8 @@ class Trainer:
         self.active_precision = initial_precision
         self.extra_state = extra_state or {}
         self.name = name
+        # Under torchrun only rank 0 writes checkpoints (and, by the caller, logs).
+        self.is_main = rank == 0
         self.epoch = 0          # epoch being trained (0-based); == epochs when done
         self.global_step = 0    # optimizer steps taken
         self.best_acc = 0.0
@@ -133,7 +135,7 @@ class Trainer:
         after = dict(self.model.named_parameters())
         self._rebind_optimizer(before, after)
         self.active_precision = config
-        self._log_precision()
+        self.log_precision()
 
     def _rebind_optimizer(self, before: dict, after: dict) -> None:
         if all(after.get(n) is p for n, p in before.items()) and len(after) == len(before):
@@ -148,7 +150,7 @@ class Trainer:
         self.optimizer.state = type(self.optimizer.state)(
             {new_of.get(id(p), p): s for p, s in self.optimizer.state.items()})
 
-    def _log_precision(self) -> None:
+    def log_precision(self) -> None:
         report = self.precision_report()
         if report:
             self.log(report)
@@ -314,7 +316,7 @@ class Trainer:
         ckpt.set_rng_state(state["rng"], {"data": self.data.generator})  # last: nothing after may draw
 
     def _save(self, epoch: int, metrics: dict[str, float]) -> None:
-        if self.checkpoint_dir is None:
+        if self.checkpoint_dir is None or not self.is_main:
             return
         state = self.state_dict()
         ckpt.save(state, self.checkpoint_dir / "last.pt")
