@@ -212,6 +212,10 @@ class QGemmFunction(torch.autograd.Function):
 def _active(precision: Optional[LayerPrecision]) -> bool:
     if precision is not None and not isinstance(precision, LayerPrecision):
         raise ValueError(f"precision must be a LayerPrecision or None, got {precision!r}")
+    if precision is not None and precision.accumulator is not None \
+            and not isinstance(precision.accumulator, Accumulator):
+        raise ValueError(f"LayerPrecision.accumulator must be a bfp.accumulate.Accumulator or None, "
+                         f"got {precision.accumulator!r}")
     return precision is not None and precision.enabled
 
 

@@ -113,6 +113,12 @@ def test_accumulator_dict_round_trip_and_unknown_keys():
     assert repr(acc) == "Accumulator(e8m7, chunk=16, kahan=True, gemms=['forward', 'weight_grad'])"
 
 
+def test_layer_rejects_a_non_accumulator():
+    layer = QLinear(3, 2, precision=LayerPrecision(accumulator="fp16"))
+    with pytest.raises(ValueError, match="accumulator must be .*Accumulator or None, got 'fp16'"):
+        layer(torch.ones(1, 3))
+
+
 def test_shape_mismatch_is_a_value_error():
     with pytest.raises(ValueError, match=r"\(3, 4\) and \(5, 2\)"):
         accumulate_matmul(torch.ones(3, 4), torch.ones(5, 2), Accumulator(FP16))

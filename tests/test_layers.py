@@ -248,6 +248,7 @@ def test_extra_repr_shows_active_formats():
     text = repr(layer)
     assert "fw=BlockFloat(bits=4, group=[1, 24, 3, 3]" in text and "fi=" not in text
     assert "precision=LayerPrecision(off)" in repr(QLinear(2, 2))
+    assert "fi=Float(e4m3" in repr(QConv1d(2, 2, 3, precision=LayerPrecision(fi=Float(4, 3))))
 
 
 @pytest.mark.parametrize("case", CASES)
