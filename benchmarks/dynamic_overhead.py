@@ -6,25 +6,40 @@ The model is a CIFAR ResNet (``bfp.models``) on scikit-learn digits: by
 default the raw 8x8 images, one channel (``--size 32`` pads/upsamples them to
 the engine's 32x32). Every converted layer quantizes fw/fi/bwo/bwi/bio/biw to
 BlockFloat(8, [1,12,3,3]) (conv1 and the classifier stay float, as in the
-original presets). Both variants train the same model, one step each in
-turn (the order flips every pair), so drift in the machine's speed hits both
-alike; the ratio reported is the median over pairs of adjacent steps. The controller's spec ``Simple/0/1/0/0``
+original presets). The controller's spec ``Simple/0/1/0/0/EVERY/sample=N``
 never changes precision, so both variants do the same arithmetic, but it
-still makes a decision (host sync, log rows) every ``--every`` steps.
+measures one step in N and decides (host sync, log rows) every EVERY steps,
+driven through the callback methods the engine calls.
 
-    python benchmarks/dynamic_overhead.py                 # table + JSON on stdout
-    python benchmarks/dynamic_overhead.py --json out.json --size 32 --model ResNet18
+Two measurements:
+
+* whole steps, one with and one without the controller in turn (the order
+  flips every pair) so drift in the machine's speed hits both alike: median
+  ratio over adjacent pairs, of wall and of process CPU time, and the ratio
+  of the fastest steps;
+* the quantization calls of one step replayed alone, best of ``--reps``,
+  without the hook, with it measuring and with it not measuring: the
+  difference, weighted by the sampling, plus a decision's cost spread over
+  EVERY steps, is what ``--do`` adds to a step; reported as a share of the
+  fastest step without it. This one survives a busy machine best.
+
+On a shared CPU run it single-threaded for stable numbers:
+
+    NUMBA_NUM_THREADS=1 python benchmarks/dynamic_overhead.py --threads 1
+    python benchmarks/dynamic_overhead.py --json out.json --size 32 --model ResNet18 --width 16
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bfp  # noqa: E402
 import bfp.models  # noqa: E402
-from bfp.dynamic import DynamicPrecision  # noqa: E402
+from bfp.dynamic import DEFAULT_SAMPLE, DynamicPrecision  # noqa: E402
+from bfp.kernels import quantize_stats  # noqa: E402
 
 POINTS_ON = ("fw", "fi", "bwo", "bwi", "bio", "biw")
 
@@ -55,6 +71,48 @@ def build(model_name: str, width: int, bits: int, group: list[int]) -> torch.nn.
     return bfp.convert(model, config)
 
 
+def replay_cost(model, dp, step, reps: int) -> dict[str, float]:
+    """Seconds per step spent quantizing, without and with the controller's hook.
+
+    One step's quantization calls are recorded, then replayed alone ``reps``
+    times each way, alternating; the minimum of each is taken (the run least
+    disturbed by other processes). Their difference is what ``--do`` adds to
+    a step's quantization, independent of the GEMMs' noise.
+    """
+    calls = []
+    layers = list(dp.layers.values())
+
+    def record(layer, point, tensor, fmt):
+        calls.append((layer, point, tensor.detach().clone(), fmt))
+        return quantize_stats(tensor, fmt, stats=False)[0]
+
+    for m in layers:
+        m.quantize_hook = record
+    step()
+    for m in layers:
+        m.quantize_hook = None
+    dp.install()
+    hooks = [layer.quantize_hook for layer, *_ in calls]
+    dp.remove()
+    best = {"without": math.inf, "measured": math.inf, "unmeasured": math.inf}
+    for _ in range(reps):
+        for variant in best:
+            dp._measuring = variant == "measured"
+            t0 = time.perf_counter()
+            if variant == "without":
+                for layer, point, t, fmt in calls:
+                    quantize_stats(t, fmt, stats=False)
+            else:
+                for hook, (layer, point, t, fmt) in zip(hooks, calls):
+                    hook(layer, point, t, fmt)
+            best[variant] = min(best[variant], time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    dp.decide()
+    best["decision"] = time.perf_counter() - t0
+    best["calls"] = len(calls)
+    return best
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="ResNet10", help="bfp.models name (default ResNet10)")
@@ -62,7 +120,10 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=int, default=8, help="image side: 8 = raw digits (default)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--pairs", type=int, default=60, help="timed steps per variant (default 60)")
+    ap.add_argument("--reps", type=int, default=30, help="replays of one step's quantizations")
     ap.add_argument("--every", type=int, default=10, help="decision interval in steps")
+    ap.add_argument("--sample", type=int, default=DEFAULT_SAMPLE,
+                    help=f"measure one step in N (the spec's sample=, default {DEFAULT_SAMPLE})")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -73,7 +134,11 @@ def main(argv=None) -> int:
     x_all, y_all = digits(args.size)
     model = build(args.model, args.width, 8, [1, 12, 3, 3])
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    dp = DynamicPrecision(model, f"Simple/0/1/0/0/{args.every}")
+    dp = DynamicPrecision(model, f"Simple/0/1/0/0/{args.every}/sample={args.sample}")  # never changes bits
+    trainer = SimpleNamespace(model=model, writer=None, run_dir=None, global_step=0, epoch=0,
+                              log=lambda msg: None)
+    dp.on_train_start(trainer)
+    dp.remove()
     model.train()
     batches = [(x_all[i:i + args.batch], y_all[i:i + args.batch])
                for i in range(0, len(y_all) - args.batch + 1, args.batch)]
@@ -86,17 +151,14 @@ def main(argv=None) -> int:
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
 
-    decided = {"n": 0}
-
-    def timed_step(with_do: bool) -> float:
+    def timed_step(with_do: bool) -> tuple[float, float]:
         if with_do:
             dp.install()
         t0, c0 = time.perf_counter(), time.process_time()
         step()
-        if with_do:
-            decided["n"] += 1
-            if decided["n"] % args.every == 0:
-                dp.decide(step=counter["i"])  # host sync + log rows, amortised over --every steps
+        if with_do:  # sampling, and a decision (host sync, log rows) every --every of these steps
+            trainer.global_step += 1
+            dp.on_batch_end(trainer, trainer.global_step)
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         dp.remove()
         return dt, dc
@@ -109,32 +171,48 @@ def main(argv=None) -> int:
             dt, dc = timed_step(with_do)
             wall[with_do].append(dt)
             cpu[with_do].append(dc)
-    ratios = [on / off for on, off in zip(wall[True], wall[False])]
-    cpu_ratios = [on / off for on, off in zip(cpu[True], cpu[False])]
-    q = statistics.quantiles
+    replay = replay_cost(model, dp, step, args.reps)
+
+    def ratios(d):
+        r = [on / off for on, off in zip(d[True], d[False])]
+        q1, _, q3 = statistics.quantiles(r, n=4)
+        return statistics.median(r), q1, q3
+
+    med = {k: (1e3 * statistics.median(wall[k]), 1e3 * statistics.median(cpu[k]), 1e3 * min(wall[k]))
+           for k in (False, True)}
+    added_ms = 1e3 * ((replay["measured"] - replay["without"]) / args.sample
+                      + (replay["unmeasured"] - replay["without"]) * (1 - 1 / args.sample)
+                      + replay["decision"] / args.every)
     result = {
         "benchmark": "dynamic_overhead", "model": args.model, "width": args.width,
         "input": [1, args.size, args.size], "batch": args.batch, "pairs": args.pairs,
-        "decide_every": args.every, "threads": torch.get_num_threads(), "layers": len(dp.layers),
-        "torch": torch.__version__, "machine": platform.machine(), "cpus": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],
-        "step_ms_without": 1e3 * statistics.median(wall[False]),
-        "step_ms_with": 1e3 * statistics.median(wall[True]),
-        "ratio_median": statistics.median(ratios), "ratio_q1": q(ratios, n=4)[0], "ratio_q3": q(ratios, n=4)[2],
-        "ratio_of_medians": statistics.median(wall[True]) / statistics.median(wall[False]),
-        "cpu_ms_without": 1e3 * statistics.median(cpu[False]),
-        "cpu_ms_with": 1e3 * statistics.median(cpu[True]),
-        "cpu_ratio_median": statistics.median(cpu_ratios),
-        "cpu_ratio_q1": q(cpu_ratios, n=4)[0], "cpu_ratio_q3": q(cpu_ratios, n=4)[2],
+        "decide_every": args.every, "sample": args.sample, "threads": torch.get_num_threads(), "layers": len(dp.layers),
+        "quantize_calls_per_step": replay["calls"], "torch": torch.__version__,
+        "machine": platform.machine(), "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+        "step_ms_without": med[False][0], "step_ms_with": med[True][0],
+        "cpu_ms_without": med[False][1], "cpu_ms_with": med[True][1],
+        "fastest_step_ms_without": med[False][2], "fastest_step_ms_with": med[True][2],
+        "wall_ratio_median_q1_q3": ratios(wall), "cpu_ratio_median_q1_q3": ratios(cpu),
+        "fastest_ratio": med[True][2] / med[False][2],
+        "replay_quantize_ms_without": 1e3 * replay["without"],
+        "replay_quantize_ms_measured": 1e3 * replay["measured"],
+        "replay_quantize_ms_unmeasured": 1e3 * replay["unmeasured"],
+        "decision_ms": 1e3 * replay["decision"], "added_ms_per_step": added_ms,
+        "added_fraction_of_fastest_step": added_ms / med[False][2],
     }
-    print(f"{'variant':<16}{'wall ms/step':>14}{'CPU ms/step':>14}")
-    for label, key in (("without --do", "without"), ("with --do", "with")):
-        print(f"{label:<16}{result[f'step_ms_{key}']:>14.2f}{result[f'cpu_ms_{key}']:>14.2f}")
-    print(f"with/without, median over adjacent pairs: wall {result['ratio_median']:.3f} "
-          f"(quartiles {result['ratio_q1']:.3f}..{result['ratio_q3']:.3f}), CPU "
-          f"{result['cpu_ratio_median']:.3f} (quartiles {result['cpu_ratio_q1']:.3f}.."
-          f"{result['cpu_ratio_q3']:.3f}); load average {result['load_average_1min']:.1f} on "
-          f"{result['cpus']} CPUs")
+    print(f"{'variant':<14}{'median wall ms':>16}{'median CPU ms':>15}{'fastest ms':>12}")
+    for label, k in (("without --do", False), ("with --do", True)):
+        print(f"{label:<14}{med[k][0]:>16.2f}{med[k][1]:>15.2f}{med[k][2]:>12.2f}")
+    w, c = result["wall_ratio_median_q1_q3"], result["cpu_ratio_median_q1_q3"]
+    print(f"with/without over {args.pairs} adjacent pairs: wall {w[0]:.3f} (quartiles {w[1]:.3f}..{w[2]:.3f}), "
+          f"CPU {c[0]:.3f} ({c[1]:.3f}..{c[2]:.3f}); fastest steps {result['fastest_ratio']:.3f}")
+    print(f"replayed quantization of one step ({replay['calls']} calls, best of {args.reps}): "
+          f"{result['replay_quantize_ms_without']:.2f} ms without the hook, "
+          f"{result['replay_quantize_ms_measured']:.2f} ms measured, "
+          f"{result['replay_quantize_ms_unmeasured']:.2f} ms on unmeasured steps; a decision "
+          f"{result['decision_ms']:.2f} ms every {args.every} steps; one step in {args.sample} measured")
+    print(f"added by --do: {added_ms:.3f} ms/step = {100 * result['added_fraction_of_fastest_step']:.2f}% of the "
+          f"fastest step (load average {result['load_average_1min']:.1f} on {result['cpus']} CPUs)")
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

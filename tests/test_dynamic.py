@@ -30,7 +30,7 @@ BACKWARD = ("bwo", "bwi", "bio", "biw")
     ("Simple/0.1/0.2/2/1/4,8/500", SimpleSpec(0.1, 0.2, 2, 1, every=500, ladder=(4, 8))),
     ("Simple/0/1/0/0/epoch/ladder=8/combine=mean",
      SimpleSpec(0.0, 1.0, 0, 0, every="epoch", ladder=(8,), combine="mean")),
-    ("Simple/.2/.2/0/0/every=3", SimpleSpec(0.2, 0.2, 0, 0, every=3)),
+    ("Simple/.2/.2/0/0/every=3/sample=1", SimpleSpec(0.2, 0.2, 0, 0, every=3, sample=1)),
 ])
 def test_spec_forms_parse_and_print_back(text, expect):
     spec = parse_spec(text)
@@ -53,6 +53,7 @@ def test_spec_forms_parse_and_print_back(text, expect):
     ("Simple/0.1/0.2/1/1/5/6", "every twice"),
     ("Simple/0.1/0.2/1/1/hold=3", "'hold'"),
     ("Simple/0.1/0.2/1/1/combine=min", "'min'"),
+    ("Simple/0.1/0.2/1/1/sample=0", "got 0"),
     ("", "Simple/LOWER/UPPER/INITIAL/HOLD"),
 ])
 def test_malformed_specs_say_what_is_wrong_and_the_expected_form(text, names):
@@ -223,6 +224,24 @@ def test_counts_are_summed_over_processes_when_distributed(tmp_path):
         assert torch.equal(dp.global_counts(), local)  # one rank: the sum is its own counts
     finally:
         dist.destroy_process_group()
+
+
+def test_one_step_in_sample_is_measured_starting_after_each_decision():
+    model = torch.nn.Sequential(_conv())
+    x = wide_tensor((2, 6, 5, 5), seed=5)
+    trainer = FakeTrainer(model=model, writer=None, run_dir=None, global_step=0, epoch=0, messages=[])
+    dp = DynamicPrecision(model, "Simple/0/1/0/0/5/sample=2")
+    dp.on_train_start(trainer)
+    seen = []
+    for step in range(1, 11):
+        model(x).sum().backward()
+        seen.append(dp.counts()[0, 0, 0].item())  # fw nonzero count so far
+        trainer.global_step = step
+        dp.on_batch_end(trainer, step)
+    per_step = seen[0]
+    # steps 1, 3, 5 | 6, 8, 10 are measured (a decision after step 5 restarts the pattern)
+    assert seen == [per_step, per_step, 2 * per_step, 2 * per_step, 3 * per_step,
+                    per_step, per_step, 2 * per_step, 2 * per_step, 3 * per_step]
 
 
 # -- decisions on real layers -------------------------------------------------------
