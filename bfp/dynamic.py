@@ -553,8 +553,8 @@ class DynamicPrecision(Callback):
                 for p, z in zse[name].items():
                     writer.add_scalar(f"dynamic_zse/{name}/{p}", z, step)
         table = format_table(rows, self.spec, color=self.color)
-        if self.color:
-            print(table, flush=True)
+        if self.color:  # console only: log.txt gets no escape codes
+            _console(table)
         else:
             trainer.log(table)
         return rows
@@ -587,6 +587,14 @@ class DynamicPrecision(Callback):
 
 
 # -- logs ----------------------------------------------------------------------------
+
+def _console(text: str) -> None:
+    try:
+        from tqdm import tqdm
+        tqdm.write(text)  # keeps an open progress bar intact
+    except ImportError:
+        print(text, flush=True)
+
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], mode: str) -> None:
     new = mode == "w" or not path.exists()
