@@ -17,10 +17,12 @@ are applied around them:
 Quantizers are straight-through: the gradient of a rounding is the identity.
 ``x`` and ``w`` in backward are the full-precision tensors the forward
 received (``backward_source="full"``, the default) or the ``fi``/``fw``
-quantized copies (``"quantized"``). Nothing is modified in place: every
+quantized copies (``"quantized"``). Where ``bwi`` equals ``fi`` (or ``biw``
+equals ``fw``), rounds deterministically and no hook is set, the forward copy
+is kept instead of x (w) and reused: the same bits, one rounding fewer. Nothing is modified in place: every
 quantization returns a new tensor, so a residual branch that shares ``x``
-sees it unchanged. The precision is captured when the forward runs; a
-``set_format`` between forward and backward takes effect at the next step.
+sees it unchanged. The precision and the layer's hook are captured when the
+forward runs; a change between forward and backward takes effect at the next step.
 
 With every point off and no accumulator the functional forms call the plain
 PyTorch op (no Function at all); the Function itself is also bit-identical
@@ -38,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input,
                          accumulate_conv2d_weight, accumulate_matmul)
-from .formats import Format
+from .formats import Format, Rounding
 from .kernels import quantize
 from .precision import LayerPrecision
 
@@ -52,16 +54,18 @@ def _plain_quantizer(generator: Optional[torch.Generator]) -> Quantizer:
     return lambda point, t, fmt: quantize(t, fmt, generator=generator)
 
 
-def layer_quantizer(layer) -> Quantizer:
-    """The quantizer of a Q-layer: its ``quantize_hook`` if set, else ``bfp.quantize``.
+def layer_quantizer(layer) -> Optional[Quantizer]:
+    """The quantizer of a Q-layer's next step: ``None`` (plain ``bfp.quantize`` with
+    ``layer.generator``) without a ``quantize_hook``, else a call of the hook.
 
-    Both attributes are read at every call, so a hook installed between the
-    forward and the backward pass already sees the backward points.
+    Taken when the forward runs, like the precision: a hook installed between a
+    forward and its backward applies from the next step.
     """
+    hook = layer.quantize_hook
+    if hook is None:
+        return None
+
     def q(point: str, t: Tensor, fmt: Format) -> Tensor:
-        hook = layer.quantize_hook
-        if hook is None:
-            return quantize(t, fmt, generator=layer.generator)
         out = hook(layer, point, t, fmt)
         if not isinstance(out, Tensor) or out.shape != t.shape:
             raise ValueError(f"quantize_hook must return a tensor of shape {tuple(t.shape)} for point "
@@ -180,12 +184,20 @@ class QGemmFunction(torch.autograd.Function):
     """The nine-point quantized GEMM; see the module docstring for the dataflow."""
 
     @staticmethod
-    def forward(ctx, x, w, b, op, precision: LayerPrecision, q: Quantizer, generator):
+    def forward(ctx, x, w, b, op, precision: LayerPrecision, quantizer: Optional[Quantizer], generator):
         p = precision
+        q = quantizer if quantizer is not None else _plain_quantizer(generator)
         xq, wq = _point(q, "fi", x, p.fi), _point(q, "fw", w, p.fw)
         y = op.forward(xq, wq, b, _acc_for(p.accumulator, "forward"), generator)
         y = _point(q, "fo", y, p.fo)
-        ctx.save_for_backward(*((xq, wq) if p.backward_source == "quantized" else (x, w)))
+        if p.backward_source == "quantized":
+            ctx.reused = (False, False)
+            ctx.save_for_backward(xq, wq)
+        else:
+            # bwi(x) == fi(x) bit for bit when both are the same deterministic format and
+            # plain bfp.quantize rounds: keep the forward copy instead of rounding again.
+            ctx.reused = (_same_rounding(quantizer, p.fi, p.bwi), _same_rounding(quantizer, p.fw, p.biw))
+            ctx.save_for_backward(xq if ctx.reused[0] else x, wq if ctx.reused[1] else w)
         ctx.op, ctx.precision, ctx.q, ctx.generator = op, p, q, generator
         ctx.has_bias = b is not None
         return y
@@ -197,16 +209,23 @@ class QGemmFunction(torch.autograd.Function):
         p, op, q, gen = ctx.precision, ctx.op, ctx.q, ctx.generator
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = op.grad_input(_point(q, "bio", g, p.bio), _point(q, "biw", w, p.biw), x,
+            w_biw = w if ctx.reused[1] else _point(q, "biw", w, p.biw)
+            gx = op.grad_input(_point(q, "bio", g, p.bio), w_biw, x,
                                _acc_for(p.accumulator, "input_grad"), gen)
             gx = _point(q, "big", gx, p.big)
         if ctx.needs_input_grad[1]:
-            gw = op.grad_weight(_point(q, "bwo", g, p.bwo), _point(q, "bwi", x, p.bwi), w,
+            x_bwi = x if ctx.reused[0] else _point(q, "bwi", x, p.bwi)
+            gw = op.grad_weight(_point(q, "bwo", g, p.bwo), x_bwi, w,
                                 _acc_for(p.accumulator, "weight_grad"), gen)
             gw = _point(q, "bwg", gw, p.bwg)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = op.grad_bias(g, x, w)
         return gx, gw, gb, None, None, None, None
+
+
+def _same_rounding(quantizer, fwd: Optional[Format], bwd: Optional[Format]) -> bool:
+    return (quantizer is None and fwd is not None and fwd == bwd
+            and fwd.rounding is not Rounding.STOCHASTIC)
 
 
 def _active(precision: Optional[LayerPrecision]) -> bool:
@@ -220,8 +239,7 @@ def _active(precision: Optional[LayerPrecision]) -> bool:
 
 
 def _apply(x, w, b, op, precision, quantizer, generator):
-    q = quantizer if quantizer is not None else _plain_quantizer(generator)
-    return QGemmFunction.apply(x, w, b, op, precision, q, generator)
+    return QGemmFunction.apply(x, w, b, op, precision, quantizer, generator)
 
 
 def qlinear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,

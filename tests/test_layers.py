@@ -129,6 +129,24 @@ def test_fw_on_equals_conv_of_quantized_weight():
     assert torch.equal(y, F.conv2d(x, quantize(mod.weight, fmt), mod.bias, 2, 1, 1, 2))
 
 
+def test_equal_forward_and_backward_formats_reuse_the_forward_copy(monkeypatch):
+    import bfp.functional as bfpF
+    mod, x, op = _cases()["conv2d"]
+    fb = BlockFloat(8, (1, 3, 3, 3))
+    p = LayerPrecision(fw=fb, fi=fb, bwi=fb, biw=fb, bio=Float(4, 3), bwo=Float(4, 3))
+    calls = []
+    monkeypatch.setattr(bfpF, "quantize", lambda t, fmt, generator=None: calls.append(fmt) or quantize(t, fmt))
+    got = _run(_convert(mod, p), x)
+    assert len(calls) == 4  # fi, fw, bio, bwo: bwi and biw reuse the forward copies
+    g = torch.randn(got[0].shape, generator=torch.Generator().manual_seed(0))
+    for a, b in zip(got, _reference(op, x, mod.weight.detach(), mod.bias.detach(), g, p)):
+        assert torch.equal(a, b)
+    stochastic = LayerPrecision(fi=Float(4, 3, rounding="stochastic"), bwi=Float(4, 3, rounding="stochastic"))
+    calls.clear()
+    _run(_convert(mod, stochastic), x)
+    assert len(calls) == 2  # independent draws: no reuse
+
+
 def test_backward_precision_can_exceed_forward_precision():
     # fi rounds hard, bwi is off: with the default source the weight gradient
     # sees the full-precision input (the original re-used the rounded copy).
