@@ -12,9 +12,9 @@ if str(ROOT) not in sys.path:
 @pytest.fixture
 def tiny_args(tmp_path):
     """CLI flags of a job that trains in about a second an epoch on two CPU cores."""
-    def make(*extra, train_images=96, test_images=48):
+    def make(*extra, train_images=64, test_images=32):
         return ["-d", "digits", "-m", "ResNet10", "--model-opt", "width=4",
                 "--limit-train-images", str(train_images), "--limit-test-images", str(test_images),
-                "--batch-size-train", "32", "--batch-size-test", "48", "--num-workers", "0",
+                "--batch-size-train", "32", "--batch-size-test", "32", "--num-workers", "0",
                 "--progress", "False", "--device", "cpu", "--run-dir", str(tmp_path / "runs"), *extra]
     return make

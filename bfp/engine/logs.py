@@ -92,7 +92,8 @@ class RunLog:
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` to ``run_dir/name`` atomically."""
-        assert self.run_dir is not None
+        if self.run_dir is None:
+            raise RuntimeError(f"cannot write {name}: this run has no run directory")
         path = self.run_dir / name
         tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
         tmp.write_text(self._clean(json.dumps(obj, indent=2, default=str)) + "\n", encoding="utf-8")
