@@ -512,9 +512,11 @@ class DynamicPrecision(Callback):
         if path is not None and path.exists():  # a resumed run: drop decisions not in the checkpoint
             rows = [r for r in read_log(path) if int(r["decision"]) < self.controller.decision]
             _write_csv(path, rows, mode="w")
+        managed = sum(len(self._managed(m)) for m in self.layers.values())
         trainer.log(f"dynamic precision: {self.spec} deciding every "
-                    f"{'epoch' if self.every == 'epoch' else f'{self.every} steps'} on "
-                    f"{len(self.layers)} layers")
+                    f"{'epoch' if self.every == 'epoch' else f'{self.every} steps'} on {managed} "
+                    f"BlockFloat pairs of {len(self.layers)} layers"
+                    + ("" if managed else "; no BlockFloat points, so ZSE is only logged"))
 
     def on_epoch_start(self, trainer, epoch) -> None:
         if self._bind(trainer.model):
