@@ -40,7 +40,8 @@ from .kernels import quantize_stats
 from .precision import LINKED_PAIRS, POINTS, LayerPrecision
 
 __all__ = ["SimpleSpec", "parse_spec", "SimpleController", "DynamicPrecision", "ladder_step",
-           "pair_name", "read_log", "plot_precision", "CSV_NAME", "CSV_FIELDS", "main"]
+           "pair_name", "format_table", "read_log", "plot_precision", "CSV_NAME", "CSV_FIELDS",
+           "DEFAULT_LADDER", "DEFAULT_SAMPLE", "main"]
 
 CSV_NAME = "dynamic_precision.csv"
 CSV_FIELDS = ("decision", "step", "epoch", "layer", "pair", "zse", "old_bits", "new_bits")
