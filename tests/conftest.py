@@ -16,5 +16,6 @@ def tiny_args(tmp_path):
         return ["-d", "digits", "-m", "ResNet10", "--model-opt", "width=4",
                 "--limit-train-images", str(train_images), "--limit-test-images", str(test_images),
                 "--batch-size-train", "32", "--batch-size-test", "32", "--num-workers", "0",
-                "--progress", "False", "--device", "cpu", "--run-dir", str(tmp_path / "runs"), *extra]
+                "--progress", "False", "--device", "cpu", "--threads", "1",
+                "--run-dir", str(tmp_path / "runs"), *extra]
     return make

@@ -10,7 +10,15 @@ import bfp
 import bfp.models
 from bfp.engine import Callback, EpochPlan, TrainConfig, Trainer
 from bfp.engine import data as D
+from bfp.engine.cli import cpu_threads
 from bfp.engine.schedule import CosineSchedule
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads and lose a lot on a busy machine."""
+    with cpu_threads(1):
+        yield
 
 
 def digits(**kw):

@@ -9,6 +9,7 @@ checkpoint; only the flags in ``RESUME_OVERRIDES`` may be given again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("hardware")
     g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
     g.add_argument("--num-workers", type=int, default=2, help="data-loader worker processes")
+    g.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch and numba (0: their defaults); 1 is fastest for tiny models "
+                        "on a busy machine")
     g.add_argument("--gpu-data", **b, default=False,
                    help="keep the whole dataset on --device and augment there (fast for small models)")
 
@@ -285,6 +289,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag in ("training_epochs", "batch_size_train", "batch_size_test"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0, got {args.threads}")
     if args.num_workers < 0:
         raise UsageError(f"--num-workers must be >= 0, got {args.num_workers}")
     if args.do and not (args.bfp or args.plan_has_precision):
@@ -324,6 +330,33 @@ def run_name(args: argparse.Namespace, suffix: str = "") -> str:
 
 def train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream=None) -> dict[str, Any]:
     """One training run; returns a summary (metrics of the last epoch, best accuracy, time)."""
+    with cpu_threads(args.threads):
+        return _train(args, plan, suffix=suffix, stream=stream)
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int):
+    """Run with ``n`` torch and numba threads (0: leave them), restoring them after."""
+    if not n:
+        yield
+        return
+    old_torch = torch.get_num_threads()
+    try:
+        import numba
+        old_numba = numba.get_num_threads()
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        numba = None
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_torch)
+        if numba is not None:
+            numba.set_num_threads(old_numba)
+
+
+def _train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream=None) -> dict[str, Any]:
     device = resolve_device(args.device)
     state = None
     if args.resume:
