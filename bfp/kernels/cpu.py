@@ -27,21 +27,34 @@ def _flog2_subnormal(m):
 _elem, _tile_consts, _rand32 = build(njit(inline="always", cache=False), _flog2_subnormal)
 
 
+@njit(inline="always")
+def _count(xs, os, n):
+    """(nonzero inputs, of those the zeroed outputs) over xs[:n], os[:n]."""
+    nz = 0
+    zc = 0
+    for j in range(n):
+        nzi = (np.int64(xs[j]) & _MAG) != 0
+        nz += nzi
+        zc += nzi & ((np.int64(os[j]) & _MAG) == 0)
+    return nz, zc
+
+
 @njit(parallel=True, cache=False)
 def _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan,
                  k0, k1, stats):
-    nz = 0
-    zc = 0
     qt, p2q, hi, lo = _tile_consts(0, kind, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
     for i in prange(xb.size):
-        b = np.int64(xb[i])
         r = _rand32(k0, k1, np.int64(i)) if mode == 2 else 0
-        o = _elem(b, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
-        ob[i] = o
-        if stats:
-            nzi = (b & _MAG) != 0
-            nz += nzi
-            zc += nzi & ((o & _MAG) == 0)
+        ob[i] = _elem(np.int64(xb[i]), kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
+    # Counting is a second pass, so the quantizing loop carries no reduction.
+    nz = 0
+    zc = 0
+    if stats:
+        step = 1 << 16
+        for c in prange((xb.size + step - 1) // step):
+            a, b = _count(xb[c * step:], ob[c * step:], min(step, xb.size - c * step))
+            nz += a
+            zc += b
     return nz, zc
 
 
@@ -70,21 +83,21 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, kind, mode, scale, soff, qo
         c_p[a3:b3] = c1
         c_hi[a3:b3] = c2
         c_lo[a3:b3] = c3
-    nz = 0
-    zc = 0
     for row in rows:
         base = row + seg0
         xs = xb[base:base + w]
         os = ob[base:base + w]
         for j in range(w):
-            b = np.int64(xs[j])
             r = _rand32(k0, k1, np.int64(base + j)) if mode == 2 else 0
-            o = _elem(b, kind, mode, c_q[j], c_p[j], c_hi[j], c_lo[j], man, ftz, ovf_inf, inf_nan, r)
-            os[j] = o
-            if stats:
-                nzi = (b & _MAG) != 0
-                nz += nzi
-                zc += nzi & ((o & _MAG) == 0)
+            os[j] = _elem(np.int64(xs[j]), kind, mode, c_q[j], c_p[j], c_hi[j], c_lo[j], man, ftz,
+                          ovf_inf, inf_nan, r)
+    nz = 0
+    zc = 0
+    if stats:  # second pass over the strip, still in cache
+        for row in rows:
+            a, b = _count(xb[row + seg0:], ob[row + seg0:], w)
+            nz += a
+            zc += b
     return nz, zc
 
 
