@@ -11,9 +11,9 @@ disturbed by other processes (medians are recorded too). Ratios are only
 meaningful within one run on one machine.
 
 ``--numba-threading-layer omp`` sets ``NUMBA_THREADING_LAYER`` before Numba
-loads: with Numba's default (TBB) pool and PyTorch's OpenMP pool alternating,
-each spins while the other works, which slows the add/round loop several-fold
-on a 2-core CPU.
+loads. Numba's default (TBB) pool and PyTorch's OpenMP pool alternate in the
+add/round loop; on a busy 2-core machine that contention slowed the loop
+several-fold, on a quiet one the default was faster, so measure both.
 """
 from __future__ import annotations
 
