@@ -196,7 +196,7 @@ def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict
     if not isinstance(raw, dict):
         raise UsageError(f"training config {str(path)!r} must hold a JSON object")
     actions = {a.dest: a for a in parser._actions if a.dest not in ("help",)}
-    settable = set(actions) - {"train_config_file", "resume", "mode", "slack_base_url"}
+    settable = set(actions) - {"train_config_file", "resume", "slack_base_url"}
     flags, plan = {}, {}
     for key, value in raw.items():
         if key in PLAN_KEYS:
