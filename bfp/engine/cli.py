@@ -358,58 +358,114 @@ def cpu_threads(n: int):
 
 def _train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream=None) -> dict[str, Any]:
     device = resolve_device(args.device)
-    state = None
-    if args.resume:
-        state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu")
+    state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu") if args.resume else None
     seed_everything(args.seed)
+    data = load_data(args, device)
+    config = train_config(args, plan, device)
+    model = make_model(args, data.num_classes, data.in_channels)
+    # A resumed model is first converted as it was when saved; the checkpoint's
+    # per-layer precision state then restores any dynamic changes.
+    initial = state["active_precision"] if state is not None else initial_precision(args, plan)
+    model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
+    check_plan_configs(model, plan, initial, args.train_config_file)
+
+    run_dir = Path(state["extra"]["run_dir"]) if state is not None and state["extra"].get("run_dir") \
+        else new_run_dir(args, suffix) if (args.log or args.save) else None
+    token = read_slack_token() if args.slackbot else None
+    log = RunLog(run_dir if (args.log or args.save) else None, tensorboard=args.log, stream=stream,
+                 redact=(token,) if token else ())
+    public_args = {k: v for k, v in vars(args).items() if k != "explicit"}
     try:
-        data = data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
+        trainer = Trainer(model, data, config, device=device, log=log,
+                          checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
+                          callbacks=make_callbacks(args, model, token, run_dir, log), plan=plan,
+                          initial_precision=initial, name=args.model,
+                          extra_state={"args": public_args, "plan": plan.to_json(),
+                                       "run_dir": str(run_dir) if run_dir else None})
+        if state is not None:
+            trainer.load_state_dict(state)
+            log(f"{args.resume}: the run already finished its {trainer.epochs} epochs; nothing to do"
+                if trainer.epoch >= trainer.epochs else
+                f"resumed {args.resume} at epoch {trainer.epoch + 1}/{trainer.epochs}")
+        if log.run_dir is not None:
+            # a resume adds its own file: the interrupted run's config.json stays as it was
+            log.write_json("config.json" if state is None else f"config.resumed-at-epoch{trainer.epoch}.json", {
+                "args": public_args, "command": sys.argv, "epoch_plan": plan.to_json(),
+                "network_config": network_config_json(trainer.model, trainer.active_precision),
+                "bfpsim_version": package_version(), "git_commit": git_commit(),
+                "torch_version": torch.__version__, "device": str(device), "data": data.describe(),
+                "resumed_at_epoch": trainer.epoch if state is not None else None})
+        log(f"{trainer.describe()}; {data.describe()}; device {device}"
+            + (f"; run directory {run_dir}" if run_dir else ""))
+        if state is None:
+            trainer.log_precision()
+        t0 = time.perf_counter()
+        history = trainer.fit()
+        total = time.perf_counter() - t0
+    finally:
+        log.close()
+    return {"history": history, "last": history[-1] if history else {}, "best_acc": trainer.best_acc,
+            "total_time_s": total, "run_dir": str(run_dir) if run_dir else None, "config": initial,
+            "model": trainer.model}
+
+
+def load_data(args: argparse.Namespace, device: torch.device):
+    try:
+        return data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
                              batch_size_test=args.batch_size_test, num_workers=args.num_workers,
                              device=device, gpu_data=args.gpu_data, seed=args.seed, channels=args.in_channels,
                              limit_train=args.limit_train_images, limit_test=args.limit_test_images)
     except (DataError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
-    try:
-        plan.check_epochs(args.training_epochs, args.train_config_file or "<flags>")
-        config = TrainConfig(epochs=args.training_epochs, lr=args.optim_lr, momentum=args.optim_momentum,
-                             weight_decay=args.optim_weight_decay, warmup_epochs=args.warmup_epochs,
-                             precision=args.precision, label_smoothing=args.label_smoothing,
-                             save_interval=args.save_interval, histograms=args.histograms,
-                             progress=args.progress)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+
+
+def train_config(args: argparse.Namespace, plan: EpochPlan, device: torch.device) -> TrainConfig:
     if args.precision == "fp16" and device.type == "cpu":
         raise UsageError("--precision fp16 needs a GPU (float16 autocast on the CPU is slow and its loss "
                          "scaling untested); use --precision bf16 on the CPU")
+    try:
+        plan.check_epochs(args.training_epochs, args.train_config_file or "<flags>")
+        return TrainConfig(epochs=args.training_epochs, lr=args.optim_lr, momentum=args.optim_momentum,
+                           weight_decay=args.optim_weight_decay, warmup_epochs=args.warmup_epochs,
+                           precision=args.precision, label_smoothing=args.label_smoothing,
+                           save_interval=args.save_interval, histograms=args.histograms,
+                           progress=args.progress)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
-    model = make_model(args, data.num_classes, data.in_channels)
-    if state is not None:
-        initial = state["active_precision"]
-    else:
-        initial = plan.precision_at(0, None) if args.bfp is None else args.bfp
-        if args.bfp is not None and 0 in plan.precision and plan.precision[0] != args.bfp:
-            plan.precision[0] = args.bfp  # an explicit --bfp replaces the config's epoch-0 entry
-    model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
-    for e, cfg in sorted(plan.precision.items()):  # fail now, not at epoch 20
+
+def initial_precision(args: argparse.Namespace, plan: EpochPlan) -> Any:
+    """The network config of epoch 0; an explicit --bfp replaces the -tc file's epoch-0 entry."""
+    if args.bfp is None:
+        return plan.precision_at(0, None)
+    if 0 in plan.precision:
+        plan.precision[0] = args.bfp
+    return args.bfp
+
+
+def check_plan_configs(model, plan: EpochPlan, initial: Any, source: Optional[str]) -> None:
+    """Convert a copy with every scheduled config: a bad one fails now, not at epoch 20."""
+    import copy
+    for epoch, cfg in sorted(plan.precision.items()):
         if cfg != initial:
-            import copy
-            convert(copy.deepcopy(model), cfg, f"{args.train_config_file}: bfp-layer-conf-dict[{e}]")
+            convert(copy.deepcopy(model), cfg, f"{source}: bfp-layer-conf-dict[{epoch}]")
 
-    run_dir = None
-    if state is not None and state["extra"].get("run_dir"):
-        run_dir = Path(state["extra"]["run_dir"])
-    elif args.log or args.save:
-        run_dir = Path(args.run_dir) / run_name(args, suffix)
-        n = 1
-        while run_dir.exists():
-            run_dir = run_dir.with_name(f"{run_dir.name}-{n}")
-            n += 1
-    token = None
-    if args.slackbot:
-        from .slack import read_token
-        token = read_token()
-    log = RunLog(run_dir if (args.log or args.save) else None, tensorboard=args.log, stream=stream,
-                 redact=(token,) if token else ())
+
+def new_run_dir(args: argparse.Namespace, suffix: str) -> Path:
+    """``--run-dir/<name>``; never an existing directory (``-1``, ``-2`` ... appended)."""
+    base = Path(args.run_dir) / run_name(args, suffix)
+    run_dir, n = base, 1
+    while run_dir.exists():
+        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return run_dir
+
+
+def read_slack_token() -> Optional[str]:
+    from .slack import read_token
+    return read_token()
+
+
+def make_callbacks(args: argparse.Namespace, model, token: Optional[str], run_dir: Optional[Path], log):
     callbacks = []
     if args.slackbot:
         if not token:
@@ -428,40 +484,7 @@ def _train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", strea
                                                         every=args.do_every))
         except ValueError as e:
             raise UsageError(f"--do {args.do}: {e}") from None
-
-    public_args = {k: v for k, v in vars(args).items() if k not in ("explicit",)}
-    trainer = Trainer(model, data, config, device=device, log=log,
-                      checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
-                      callbacks=callbacks, plan=plan, initial_precision=initial, name=args.model,
-                      extra_state={"args": public_args, "plan": plan.to_json(),
-                                   "run_dir": str(run_dir) if run_dir else None})
-    try:
-        if state is not None:
-            trainer.load_state_dict(state)
-            if trainer.epoch >= trainer.epochs:
-                log(f"{args.resume}: the run already finished its {trainer.epochs} epochs; nothing to do")
-            else:
-                log(f"resumed {args.resume} at epoch {trainer.epoch + 1}/{trainer.epochs}")
-        if run_dir is not None and (args.log or args.save):
-            # a resume adds its own file: the interrupted run's config.json stays as it was
-            log.write_json("config.json" if state is None else f"config.resumed-at-epoch{trainer.epoch}.json", {
-                "args": public_args, "command": sys.argv, "epoch_plan": plan.to_json(),
-                "network_config": network_config_json(trainer.model, trainer.active_precision),
-                "bfpsim_version": package_version(), "git_commit": git_commit(),
-                "torch_version": torch.__version__, "device": str(device), "data": data.describe(),
-                "resumed_at_epoch": trainer.epoch if state is not None else None})
-        log(f"{trainer.describe()}; {data.describe()}; device {device}"
-            + (f"; run directory {run_dir}" if run_dir else ""))
-        if state is None:
-            trainer.log_precision()
-        t0 = time.perf_counter()
-        history = trainer.fit()
-        total = time.perf_counter() - t0
-    finally:
-        log.close()
-    last = history[-1] if history else {}
-    return {"history": history, "last": last, "best_acc": trainer.best_acc, "total_time_s": total,
-            "run_dir": str(run_dir) if run_dir else None, "config": initial, "model": trainer.model}
+    return callbacks
 
 
 def compare(args: argparse.Namespace, plan: EpochPlan, stream=None) -> list[dict[str, Any]]:
