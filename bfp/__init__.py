@@ -22,8 +22,13 @@ __version__ = "0.1.0"
 _LAZY = {
     "convert": "bfp.convert", "conversion_report": "bfp.convert",
     "precision_state": "bfp.convert", "load_precision_state": "bfp.convert",
+    "generate_config": "bfp.convert",
+    "ConfigError": "bfp.config", "NetConfig": "bfp.config", "load_config": "bfp.config",
     "QLinear": "bfp.layers", "QConv1d": "bfp.layers", "QConv2d": "bfp.layers",
-    "QMatmul": "bfp.layers", "Accumulator": "bfp.accumulate",
+    "QMatmul": "bfp.layers", "Matmul": "bfp.layers", "QUANTIZED_TYPES": "bfp.layers",
+    "Accumulator": "bfp.accumulate", "accumulator_from_dict": "bfp.accumulate",
+    "accumulate_matmul": "bfp.accumulate", "accumulate_matmul_reference": "bfp.accumulate",
+    "DynamicPrecision": "bfp.dynamic",
 }
 
 

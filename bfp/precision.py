@@ -65,6 +65,11 @@ class LayerPrecision:
             f = getattr(self, p)
             if f is not None and not isinstance(f, Format):
                 raise ValueError(f"point {p!r} needs a Format or None, got {f!r}")
+        if self.accumulator is not None:
+            from .accumulate import Accumulator  # lazy: the layer above formats
+            if not isinstance(self.accumulator, Accumulator):
+                raise ValueError(f"accumulator must be a bfp.accumulate.Accumulator or None, "
+                                 f"got {self.accumulator!r}")
         if self.backward_source not in BACKWARD_SOURCES:
             raise ValueError(f"backward_source must be one of {BACKWARD_SOURCES}, "
                              f"got {self.backward_source!r}")

@@ -1,0 +1,100 @@
+"""Quantization throughput per format, as a ratio to ``torch.clone`` in the same run.
+
+    python benchmarks/quantize.py                       # CPU, 64x128x32x32
+    python benchmarks/quantize.py --device cuda         # GPU (when one is there)
+    python benchmarks/quantize.py --json out.json --shape 64 128 32 32 --repeat 30
+
+Throughput counts bytes read plus bytes written (2 x 4 bytes per element).
+Both quantize and clone allocate their output, as users see them. Timings
+alternate between the two so that machine noise hits both alike; the ratio is
+of medians. Targets: >= 0.7x clone on a CPU for fb12 and float8_e4m3fn;
+>= 0.8x of device copy bandwidth on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import bfp
+
+DEFAULT_FORMATS = ["fb12", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
+                   "float4_e2m1fn", "bfloat16", "mxfp8_e4m3", "mxfp4_e2m1", "mxint8",
+                   "fb16-nearest", "fb16-stochastic", "float8_e4m3fn-stochastic"]
+TARGETS = {"fb12": 0.7, "float8_e4m3fn": 0.7}
+
+
+def parse_format(spec: str):
+    """A preset name, optionally with ``-nearest``/``-stochastic``/``-truncate``."""
+    name, _, rounding = spec.partition("-")
+    fmt = bfp.format_from_name(name)
+    if rounding:
+        if isinstance(fmt, bfp.MX):
+            raise SystemExit(f"rounding suffix not supported on MX preset {spec!r}")
+        fmt = type(fmt)(**{**fmt.__dict__, "rounding": rounding})
+    return fmt
+
+
+def timed(fn, sync) -> float:
+    sync()
+    t = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t
+
+
+def bench(x: torch.Tensor, fmt, repeat: int, sync) -> tuple[float, float]:
+    """(median quantize seconds, median clone seconds), interleaved."""
+    gen = torch.Generator(x.device).manual_seed(0) if x.is_cuda else torch.Generator().manual_seed(0)
+    q = lambda: bfp.quantize(x, fmt, generator=gen)  # noqa: E731
+    c = lambda: x.clone()  # noqa: E731
+    for _ in range(3):  # warm-up: JIT compilation, allocator
+        q(), c()
+    tq, tc = [], []
+    for _ in range(repeat):
+        tq.append(timed(q, sync))
+        tc.append(timed(c, sync))
+    return statistics.median(tq), statistics.median(tc)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    ap.add_argument("--shape", type=int, nargs="+", default=[64, 128, 32, 32])
+    ap.add_argument("--formats", nargs="+", default=DEFAULT_FORMATS,
+                    help="preset names, optionally suffixed -nearest/-stochastic/-truncate")
+    ap.add_argument("--repeat", type=int, default=20, help="timed repetitions per format")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is visible to torch")
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    x = torch.randn(args.shape, device=args.device)
+    nbytes = 2 * x.numel() * x.element_size()
+    rows = []
+    for spec in args.formats:
+        tq, tc = bench(x, parse_format(spec), args.repeat, sync)
+        rows.append({"format": spec, "ms": tq * 1e3, "clone_ms": tc * 1e3, "gbps": nbytes / tq / 1e9,
+                     "clone_gbps": nbytes / tc / 1e9, "ratio_to_clone": tc / tq,
+                     "target": TARGETS.get(spec)})
+    import numba
+    meta = {"device": str(x.device), "shape": list(x.shape), "threads": numba.get_num_threads(),
+            "torch": torch.__version__, "numba": numba.__version__, "repeat": args.repeat}
+    print(f"{'format':28s} {'ms':>8s} {'GB/s':>7s} {'clone ms':>9s} {'x clone':>8s}  target")
+    for r in rows:
+        tgt = "" if r["target"] is None else f">= {r['target']:.1f} {'ok' if r['ratio_to_clone'] >= r['target'] else 'MISSED'}"
+        print(f"{r['format']:28s} {r['ms']:8.2f} {r['gbps']:7.2f} {r['clone_ms']:9.2f} "
+              f"{r['ratio_to_clone']:8.2f}  {tgt}")
+    out = {"meta": meta, "results": rows}
+    print(json.dumps(out))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
