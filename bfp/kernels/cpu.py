@@ -8,23 +8,47 @@ threads or the work split.
 """
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import numba
 import numpy as np
 from numba import njit, prange
 
+from . import scalar
 from .scalar import build
 
 _MAG = 0x7FFFFFFF
 _INF = 0x7F800000
 
 
-@njit(inline="always", cache=False)
+@njit(inline="always")
 def _flog2_subnormal(m):
     # int -> float32 is exact below 2**24; its exponent field is floor(log2 m).
     return ((np.float32(m).view(np.int32) >> 23) - 127) - 149
 
 
-_elem, _tile_consts, _rand32 = build(njit(inline="always", cache=False), _flog2_subnormal)
+_elem, _tile_consts, _rand32 = build(njit(inline="always"), _flog2_subnormal)
+
+
+def _cache_dir() -> str:
+    """Numba's on-disk cache folder for these kernels, named by a hash of this
+    file and ``scalar.py``. Numba keys its cache on the kernel's own file only,
+    so an edit of the inlined element rule would otherwise be served stale;
+    here any edit of either file starts a fresh folder. ``NUMBA_CACHE_DIR`` is
+    the base when set."""
+    src = Path(__file__).read_bytes() + Path(scalar.__file__).read_bytes()
+    key = hashlib.sha1(src + numba.__version__.encode()).hexdigest()[:16]
+    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(Path.home(), ".cache", "bfpsim")
+    return os.path.join(base, f"kernels-{key}")
+
+
+# The cache folder is fixed when a dispatcher is decorated: set it around the
+# three kernel definitions below, then restore the user's setting.
+_user_cache_dir = numba.config.CACHE_DIR
+numba.config.CACHE_DIR = _cache_dir()
+_CACHE = True
 
 
 @njit(inline="always")
@@ -39,7 +63,7 @@ def _count(xs, os, n):
     return nz, zc
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=_CACHE)
 def _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan,
                  k0, k1, stats):
     qt, p2q, hi, lo = _tile_consts(0, kind, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
@@ -58,7 +82,7 @@ def _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, 
     return nz, zc
 
 
-@njit(cache=False)
+@njit(cache=_CACHE)
 def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, kind, mode, scale, soff, qoff, lim, emin, man,
            maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
     """One work item: the rows ``rows`` (flat offsets) of one tile along axes 0-2,
@@ -101,7 +125,7 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, kind, mode, scale, soff, qo
     return nz, zc
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=_CACHE)
 def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, kind, mode, scale, soff, qoff, lim, emin,
            man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks):
     """4-D tensor, tiles G; axis 3 is cut into segments of S3 (a multiple of G3).
@@ -137,6 +161,9 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, kind, mode, scale, soff, 
         nz += lnz
         zc += lzc
     return nz, zc
+
+
+numba.config.CACHE_DIR = _user_cache_dir
 
 
 def run(xb: np.ndarray, ob: np.ndarray, rule, shape4, tile4, keys, stats: bool):
