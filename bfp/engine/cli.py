@@ -567,7 +567,8 @@ def apply_resume(args: argparse.Namespace, plan: EpochPlan) -> tuple[argparse.Na
         if k in RESUME_OVERRIDES:
             saved[k] = getattr(args, k)
     saved["resume"] = args.resume
-    new = argparse.Namespace(**saved)
+    # flags added to cifar.py after the checkpoint was written take their defaults
+    new = argparse.Namespace(**{**vars(build_parser().parse_args([])), **saved})
     new.explicit = args.explicit
     new.model_opt = [tuple(x) for x in new.model_opt]
     p = state["extra"]["plan"]
