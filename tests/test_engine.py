@@ -231,3 +231,19 @@ def test_top5_with_fewer_than_five_classes():
     logits = torch.tensor([[0.1, 0.9, 0.0], [0.8, 0.1, 0.1]])
     top1, top5 = topk_correct(logits, torch.tensor([1, 2]))
     assert top1.item() == 1 and top5.item() == 2
+
+
+def test_switch_from_fp32_swaps_layers_and_keeps_the_optimizer_on_the_same_parameters():
+    seen = {}
+
+    class Types(Callback):
+        name = "types"
+
+        def on_epoch_start(self, trainer, epoch):
+            seen[epoch] = type(trainer.model.layer1[0].conv1).__name__
+
+    t = _train(EpochPlan.parse({"1": "ResNet18_FB16"}, None, "t"), callbacks=[Types()], precision=None)
+    assert seen == {0: "Conv2d", 1: "QConv2d"}
+    opt_params = {id(p) for g in t.optimizer.param_groups for p in g["params"]}
+    assert opt_params == {id(p) for p in t.model.parameters()}
+    assert t.state_dict()["precision_state"]["layer1.0.conv1"]["fw"]["bits"] == 8
