@@ -285,9 +285,9 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        try:
+        try:  # every Q-layer's precision, including changes by callbacks ({} for an FP32 model)
             import bfp
-            precision = bfp.precision_state(self.model) if self.active_precision is not None else None
+            precision = bfp.precision_state(self.model)
         except (ImportError, AttributeError):
             precision = None
         return {
