@@ -247,3 +247,12 @@ def test_switch_from_fp32_swaps_layers_and_keeps_the_optimizer_on_the_same_param
     opt_params = {id(p) for g in t.optimizer.param_groups for p in g["params"]}
     assert opt_params == {id(p) for p in t.model.parameters()}
     assert t.state_dict()["precision_state"]["layer1.0.conv1"]["fw"]["bits"] == 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_data_gives_the_cpu_loaders_batches():
+    on_cpu, on_gpu = digits(), digits(gpu_data=True, device="cuda")
+    assert on_gpu.train.dataset.images.is_cuda
+    for (a, ya), (b, yb) in zip(on_cpu.train, on_gpu.train):
+        assert b.is_cuda and torch.equal(a, b.cpu()) and torch.equal(ya, yb.cpu())
