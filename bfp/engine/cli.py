@@ -289,6 +289,9 @@ def check_args(args: argparse.Namespace) -> None:
     for flag in ("training_epochs", "batch_size_train", "batch_size_test"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("limit_train_images", "limit_test_images"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 0 (0: all), got {getattr(args, flag)}")
     if args.threads < 0:
         raise UsageError(f"--threads must be >= 0, got {args.threads}")
     if args.num_workers < 0:

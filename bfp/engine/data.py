@@ -154,11 +154,6 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
     """
     name = canonical_name(name)
-    if name in ("CIFAR10", "CIFAR100") and path and _cifar_files_absent(name, Path(path)) \
-            and find_image_folder(Path(path)) is not None:
-        folder_of = name  # e.g. the JPEG CIFAR-10: an image folder with CIFAR's statistics
-    else:
-        folder_of = None
     if channels != 3 and name != "digits":
         raise DataError(f"--in-channels {channels}: only the digits dataset can change its channel "
                         f"count; {name} images have 3 channels")
@@ -172,15 +167,12 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
         return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
                               batch_size_test, device if gpu_data else "cpu", g)
-    if folder_of:
-        train_ds, test_ds = _image_folder(path)
-        mean, std, aug = CIFAR_MEAN[folder_of], CIFAR_STD[folder_of], Augment()
-    elif name in ("CIFAR10", "CIFAR100"):
-        train_ds, test_ds = _cifar(name, path, download)
-        mean, std, aug = CIFAR_MEAN[name], CIFAR_STD[name], Augment()
-    else:
-        train_ds, test_ds = _image_folder(path)
-        mean, std, aug = IMAGENET_MEAN, IMAGENET_STD, Augment()
+    # CIFAR named with a path to an image folder (the JPEG CIFAR-10) loads the folder
+    folder = name == "imagefolder" or (path is not None and _cifar_files_absent(name, Path(path))
+                                       and find_image_folder(Path(path)) is not None)
+    train_ds, test_ds = _image_folder(path) if folder else _cifar(name, path, download)
+    mean, std = (CIFAR_MEAN[name], CIFAR_STD[name]) if name in CIFAR_MEAN else (IMAGENET_MEAN, IMAGENET_STD)
+    aug = Augment()
     classes = list(train_ds.classes)
     train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
     if gpu_data:
