@@ -2,12 +2,15 @@
 
 Both kernels read the input's float32 bits and write the output's bits; the
 element rule is ``scalar.py``'s, compiled here with ``numba.njit`` and inlined
-so the inner loops vectorise. Random numbers for stochastic rounding are a hash
+so the inner loops vectorise. Each (element kind, rounding mode) pair gets its
+own compiled kernels, so the loops carry no code of other modes. Random numbers for stochastic rounding are a hash
 of the flat element index, so the result does not depend on the number of
 threads or the work split.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -44,13 +47,6 @@ def _cache_dir() -> str:
     return os.path.join(base, f"kernels-{key}")
 
 
-# The cache folder is fixed when a dispatcher is decorated: set it around the
-# three kernel definitions below, then restore the user's setting.
-_user_cache_dir = numba.config.CACHE_DIR
-numba.config.CACHE_DIR = _cache_dir()
-_CACHE = True
-
-
 @njit(inline="always")
 def _count(xs, os, n):
     """(nonzero inputs, of those the zeroed outputs) over xs[:n], os[:n]."""
@@ -63,120 +59,138 @@ def _count(xs, os, n):
     return nz, zc
 
 
-@njit(parallel=True, cache=_CACHE)
-def _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan,
-                 k0, k1, stats):
-    qt, p2q, hi, lo = _tile_consts(0, kind, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
-    for i in prange(xb.size):
-        r = _rand32(k0, k1, np.int64(i)) if mode == 2 else 0
-        ob[i] = _elem(np.int64(xb[i]), kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
-    # Counting is a second pass, so the quantizing loop carries no reduction.
-    nz = 0
-    zc = 0
-    if stats:
-        step = 1 << 16
-        for c in prange((xb.size + step - 1) // step):
-            a, b = _count(xb[c * step:], ob[c * step:], min(step, xb.size - c * step))
-            nz += a
-            zc += b
-    return nz, zc
+@contextlib.contextmanager
+def _kernel_cache():
+    """Numba fixes a dispatcher's cache folder when it is decorated: point it at
+    ``_cache_dir()`` while the kernels are made, then restore the user's."""
+    user = numba.config.CACHE_DIR
+    numba.config.CACHE_DIR = _cache_dir()
+    try:
+        yield
+    finally:
+        numba.config.CACHE_DIR = user
 
 
-@njit(cache=_CACHE)
-def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, kind, mode, scale, soff, qoff, lim, emin, man,
-           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
-    """One work item: the rows ``rows`` (flat offsets) of one tile along axes 0-2,
-    columns seg0:seg1 (whole tiles of G3) of axis 3. Pass 1 takes column maxima
-    (vectorised), folds them into tile constants spread back over the columns;
-    pass 2 quantizes. Returns the (nonzero, zeroed) counts."""
-    w = seg1 - seg0
-    colmax[:w] = 0
-    c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
-    for row in rows:
-        xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
-        for j in range(w):
-            m = np.int64(xs[j]) & _MAG
-            colmax[j] = max(colmax[j], m if m < _INF else 0)
-    for a3 in range(0, w, G3):
-        b3 = min(a3 + G3, w)
-        tmax = 0
-        for j in range(a3, b3):
-            tmax = max(tmax, colmax[j])
-        c0, c1, c2, c3 = _tile_consts(tmax, kind, scale, soff, qoff, lim, emin, man, maxkept, emaxq)
-        c_q[a3:b3] = c0
-        c_p[a3:b3] = c1
-        c_hi[a3:b3] = c2
-        c_lo[a3:b3] = c3
-    for row in rows:
-        base = row + seg0
-        xs = xb[base:base + w]
-        os = ob[base:base + w]
-        for j in range(w):
-            r = _rand32(k0, k1, np.int64(base + j)) if mode == 2 else 0
-            os[j] = _elem(np.int64(xs[j]), kind, mode, c_q[j], c_p[j], c_hi[j], c_lo[j], man, ftz,
-                          ovf_inf, inf_nan, r)
-    nz = 0
-    zc = 0
-    if stats:  # second pass over the strip, still in cache
-        for row in rows:
-            a, b = _count(xb[row + seg0:], ob[row + seg0:], w)
-            nz += a
-            zc += b
-    return nz, zc
+@functools.lru_cache(maxsize=None)
+def kernels(KIND: int, MODE: int):
+    """``(elementwise, tiled)`` compiled for one element kind and rounding mode
+    (compile-time constants; Numba caches each pair on disk)."""
+    with _kernel_cache():
 
+        @njit(parallel=True, cache=True)
+        def elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1,
+                        stats):
+            qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
+            for i in prange(xb.size):
+                r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
+                ob[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf,
+                              inf_nan, r)
+            # Counting is a second pass, so the quantizing loop carries no reduction.
+            nz = 0
+            zc = 0
+            if stats:
+                step = 1 << 16
+                for c in prange((xb.size + step - 1) // step):
+                    a, b = _count(xb[c * step:], ob[c * step:], min(step, xb.size - c * step))
+                    nz += a
+                    zc += b
+            return nz, zc
 
-@njit(parallel=True, cache=_CACHE)
-def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, kind, mode, scale, soff, qoff, lim, emin,
-           man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks):
-    """4-D tensor, tiles G; axis 3 is cut into segments of S3 (a multiple of G3).
-    Work items (tile of axes 0-2, segment) are spread over ``nchunks`` chunks."""
-    n1 = (D1 + G1 - 1) // G1
-    n2 = (D2 + G2 - 1) // G2
-    ns = (D3 + S3 - 1) // S3
-    nwork = ((D0 + G0 - 1) // G0) * n1 * n2 * ns
-    nz = 0
-    zc = 0
-    for c in prange(nchunks):
-        colmax = np.empty(S3, np.int64)
-        cq = np.empty((4, S3), np.int64)
-        rows = np.empty(G0 * G1 * G2, np.int64)
-        lnz = 0
-        lzc = 0
-        for t in range(c * nwork // nchunks, (c + 1) * nwork // nchunks):
-            ts = t % ns
-            t2 = (t // ns) % n2
-            t1 = (t // (ns * n2)) % n1
-            t0 = t // (ns * n2 * n1)
-            nr = 0
-            for i0 in range(t0 * G0, min(t0 * G0 + G0, D0)):
-                for i1 in range(t1 * G1, min(t1 * G1 + G1, D1)):
-                    for i2 in range(t2 * G2, min(t2 * G2 + G2, D2)):
-                        rows[nr] = ((i0 * D1 + i1) * D2 + i2) * D3
-                        nr += 1
-            a, b = _strip(xb, ob, rows[:nr], ts * S3, min(ts * S3 + S3, D3), G3, colmax, cq, kind,
-                          mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                          inf_nan, k0, k1, stats)
-            lnz += a
-            lzc += b
-        nz += lnz
-        zc += lzc
-    return nz, zc
+        @njit(cache=True)
+        def strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
+                  maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
+            """One work item: the rows ``rows`` (flat offsets) of one tile along axes
+            0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Pass 1 takes column
+            maxima (vectorised), folds them into tile constants spread back over the
+            columns; pass 2 quantizes. Returns the (nonzero, zeroed) counts."""
+            w = seg1 - seg0
+            colmax[:w] = 0
+            c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
+            for row in rows:
+                xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
+                for j in range(w):
+                    m = np.int64(xs[j]) & _MAG
+                    colmax[j] = max(colmax[j], m if m < _INF else 0)
+            for a3 in range(0, w, G3):
+                b3 = min(a3 + G3, w)
+                tmax = 0
+                for j in range(a3, b3):
+                    tmax = max(tmax, colmax[j])
+                c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
+                                              maxkept, emaxq)
+                c_q[a3:b3] = c0
+                c_p[a3:b3] = c1
+                c_hi[a3:b3] = c2
+                c_lo[a3:b3] = c3
+            for row in rows:
+                base = row + seg0
+                xs = xb[base:base + w]
+                os = ob[base:base + w]
+                for j in range(w):
+                    r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
+                    os[j] = _elem(np.int64(xs[j]), KIND, MODE, c_q[j], c_p[j], c_hi[j], c_lo[j],
+                                  man, ftz, ovf_inf, inf_nan, r)
+            nz = 0
+            zc = 0
+            if stats:  # second pass over the strip, still in cache
+                for row in rows:
+                    a, b = _count(xb[row + seg0:], ob[row + seg0:], w)
+                    nz += a
+                    zc += b
+            return nz, zc
 
+        @njit(parallel=True, cache=True)
+        def tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, emin, man,
+                  maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks):
+            """4-D tensor, tiles G; axis 3 is cut into segments of S3 (a multiple of
+            G3). Work items (tile of axes 0-2, segment) are spread over ``nchunks``."""
+            n1 = (D1 + G1 - 1) // G1
+            n2 = (D2 + G2 - 1) // G2
+            ns = (D3 + S3 - 1) // S3
+            nwork = ((D0 + G0 - 1) // G0) * n1 * n2 * ns
+            nz = 0
+            zc = 0
+            for c in prange(nchunks):
+                colmax = np.empty(S3, np.int64)
+                cq = np.empty((4, S3), np.int64)
+                rows = np.empty(G0 * G1 * G2, np.int64)
+                lnz = 0
+                lzc = 0
+                for t in range(c * nwork // nchunks, (c + 1) * nwork // nchunks):
+                    ts = t % ns
+                    t2 = (t // ns) % n2
+                    t1 = (t // (ns * n2)) % n1
+                    t0 = t // (ns * n2 * n1)
+                    nr = 0
+                    for i0 in range(t0 * G0, min(t0 * G0 + G0, D0)):
+                        for i1 in range(t1 * G1, min(t1 * G1 + G1, D1)):
+                            for i2 in range(t2 * G2, min(t2 * G2 + G2, D2)):
+                                rows[nr] = ((i0 * D1 + i1) * D2 + i2) * D3
+                                nr += 1
+                    a, b = strip(xb, ob, rows[:nr], ts * S3, min(ts * S3 + S3, D3), G3, colmax, cq,
+                                 scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
+                                 inf_nan, k0, k1, stats)
+                    lnz += a
+                    lzc += b
+                nz += lnz
+                zc += lzc
+            return nz, zc
 
-numba.config.CACHE_DIR = _user_cache_dir
+    return elementwise, tiled
 
 
 def run(xb: np.ndarray, ob: np.ndarray, rule, shape4, tile4, keys, stats: bool):
     """Quantize flat int32 bits ``xb`` into ``ob``; returns (nonzero, zeroed) counts."""
     kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
     k0, k1 = keys
+    elementwise, tiled = kernels(kind, mode)
     if shape4 is None:
-        return _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                            inf_nan, k0, k1, stats)
+        return elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan,
+                           k0, k1, stats)
     D0, D1, D2, D3 = shape4
     G0, G1, G2, G3 = tile4
     S3 = G3 * max(1, 4096 // G3) if D3 > 4096 else D3  # segments of whole tiles
     nwork = -(-D0 // G0) * -(-D1 // G1) * -(-D2 // G2) * -(-D3 // S3)
     nchunks = max(1, min(nwork, 8 * numba.get_num_threads()))
-    return _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, kind, mode, scale, soff, qoff, lim, emin,
-                  man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks)
+    return tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, emin, man,
+                 maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks)
