@@ -98,7 +98,7 @@ def test_train_config_file_presets_flags_and_rejects_unknown_keys(tiny_args, tmp
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["args"]["training_epochs"] == 2 and cfg["args"]["optim_lr"] == 0.02  # flag beats file
     assert cfg["epoch_plan"]["bfp-layer-conf-dict"] == {"0": "ResNet18_FB16", "1": "ResNet18_FB12"}
-    assert "epoch 1: switching network config to 'ResNet18_FB12'" in (run / "log.txt").read_text()
+    assert "epoch 2/2 (plan key 1): switching network config to 'ResNet18_FB12'" in (run / "log.txt").read_text()
 
     tc.write_text(json.dumps({"trainig-epochs": 2}))
     assert main(tiny_args("-tc", str(tc))) == 2

@@ -170,7 +170,7 @@ class Trainer:
     def _apply_plan(self, epoch: int) -> None:
         wanted = self.plan.precision_at(epoch, self.active_precision)
         if epoch in self.plan.precision and wanted != self.active_precision:
-            self.log(f"epoch {epoch}: switching network config to {wanted!r}")
+            self.log(f"epoch {epoch + 1}/{self.epochs} (plan key {epoch}): switching network config to {wanted!r}")
             self.set_precision(wanted)
         for k, v in self.plan.optimizer.get(epoch, {}).items():
             if k == "lr":
@@ -178,7 +178,7 @@ class Trainer:
             else:
                 for g in self.optimizer.param_groups:
                     g[k] = v
-            self.log(f"epoch {epoch}: optimizer {k} = {v}")
+            self.log(f"epoch {epoch + 1}/{self.epochs} (plan key {epoch}): optimizer {k} = {v}")
 
     # ---- the loop ------------------------------------------------------------------
     def fit(self) -> list[dict[str, float]]:
