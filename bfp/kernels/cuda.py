@@ -37,6 +37,17 @@ def _count(counts, nz, zc):
         cuda.atomic.add(counts, 1, zc)
 
 
+@cuda.jit(device=True, inline=True)
+def _quant_one(xb, ob, i, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, k0, k1):
+    """Quantize element i; returns (1 if it was nonzero, 1 if it became zero)."""
+    b = np.int64(xb[i])
+    r = _rand32(k0, k1, np.int64(i)) if mode == 2 else 0
+    o = _elem(b, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
+    _store(ob, i, o)
+    nz = (b & _MAG) != 0
+    return nz, nz and (o & _MAG) == 0
+
+
 @cuda.jit
 def _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan,
                  k0, k1, counts, stats):
@@ -44,13 +55,9 @@ def _elementwise(xb, ob, kind, mode, qoff, lim, emin, man, maxkept, emaxq, ftz, 
     nz = 0
     zc = 0
     for i in range(cuda.grid(1), xb.size, cuda.gridsize(1)):
-        b = np.int64(xb[i])
-        r = _rand32(k0, k1, np.int64(i)) if mode == 2 else 0
-        o = _elem(b, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
-        _store(ob, i, o)
-        if stats and (b & _MAG) != 0:
-            nz += 1
-            zc += (o & _MAG) == 0
+        a, z = _quant_one(xb, ob, i, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, k0, k1)
+        nz += a
+        zc += z
     if stats:
         _count(counts, nz, zc)
 
@@ -82,13 +89,9 @@ def _tiled(xb, ob, tmax, D1, D2, D3, G0, G1, G2, G3, n1, n2, n3, kind, mode, sca
         t = _tile_index(i, D1, D2, D3, G0, G1, G2, G3, n1, n2, n3)
         qt, p2q, hi, lo = _tile_consts(np.int64(tmax[t]), kind, scale, soff, qoff, lim, emin, man,
                                        maxkept, emaxq)
-        b = np.int64(xb[i])
-        r = _rand32(k0, k1, np.int64(i)) if mode == 2 else 0
-        o = _elem(b, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
-        _store(ob, i, o)
-        if stats and (b & _MAG) != 0:
-            nz += 1
-            zc += (o & _MAG) == 0
+        a, z = _quant_one(xb, ob, i, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, k0, k1)
+        nz += a
+        zc += z
     if stats:
         _count(counts, nz, zc)
 

@@ -17,21 +17,12 @@ QNAN = 0x7FC00000
 
 
 def ilog2(v):
-    """floor(log2(v)) for 0 < v < 2**32, branch-free."""
+    """floor(log2(v)) for 0 < v < 2**32, branch-free (binary search, unrolled)."""
     p = 0
-    t = (v >= 65536) * 16
-    v >>= t
-    p += t
-    t = (v >= 256) * 8
-    v >>= t
-    p += t
-    t = (v >= 16) * 4
-    v >>= t
-    p += t
-    t = (v >= 4) * 2
-    v >>= t
-    p += t
-    p += (v >= 2) * 1
+    for sh in (16, 8, 4, 2, 1):
+        t = (v >= (1 << sh)) * sh
+        v >>= t
+        p += t
     return p
 
 
