@@ -5,7 +5,7 @@ Layers (each knows only the one below it):
     formats      bfp.formats     Float, BlockFloat, MX, format_from_name
     kernels      bfp.kernels     quantize (PyTorch reference, Numba CPU, Numba CUDA)
     layers       bfp.functional, bfp.layers, bfp.accumulate
-    conversion   bfp.config, bfp.convert
+    conversion   bfp.config, bfp.conversion
     engine       bfp.engine, bfp.models, bfp.dynamic
     scripts      cifar.py, draw_curve.py
 """
@@ -20,9 +20,9 @@ __version__ = "0.1.0"
 
 # Higher layers load on first use so `import bfp` stays light.
 _LAZY = {
-    "convert": "bfp.convert", "conversion_report": "bfp.convert",
-    "precision_state": "bfp.convert", "load_precision_state": "bfp.convert",
-    "generate_config": "bfp.convert",
+    "convert": "bfp.conversion", "conversion_report": "bfp.conversion",
+    "precision_state": "bfp.conversion", "load_precision_state": "bfp.conversion",
+    "generate_config": "bfp.conversion",
     "ConfigError": "bfp.config", "NetConfig": "bfp.config", "load_config": "bfp.config",
     "QLinear": "bfp.layers", "QConv1d": "bfp.layers", "QConv2d": "bfp.layers",
     "QMatmul": "bfp.layers", "Matmul": "bfp.layers", "QUANTIZED_TYPES": "bfp.layers",

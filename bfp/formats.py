@@ -19,8 +19,7 @@ class docstrings below and in ``docs/formats.md``.
 from __future__ import annotations
 
 import difflib
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Union
 

@@ -1,6 +1,5 @@
 """Checkpoints: atomic writes, clear errors for bad files, and bit-exact resume
 of a run killed after its first epoch."""
-import os
 import random
 import signal
 import subprocess

@@ -1,5 +1,4 @@
 """bfp.engine: data, schedule, epoch plans, train/eval modes and callbacks."""
-import json
 import math
 
 import pytest

@@ -536,7 +536,7 @@ def comparison_table(results: list[dict[str, Any]]) -> str:
 
 
 def generate_config(args: argparse.Namespace, stream=None) -> Path:
-    import bfp.convert as bc
+    import bfp.conversion as bc
     classes = 100 if args.dataset == "CIFAR100" else 10
     channels = args.in_channels
     model = make_model(args, classes, channels)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .plan import KIND_FIXED, SCALE_BFP, SCALE_MX, SCALE_NONE, Rule
+from .plan import KIND_FIXED, SCALE_MX, SCALE_NONE, Rule
 
 EXP_INF = 0x7F800000
 QNAN = 0x7FC00000

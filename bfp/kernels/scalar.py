@@ -108,7 +108,7 @@ def _quant_elem(xb, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r):
     else:
         fl = e - 127
         if e == 0:
-            fl = flog2_subnormal(m)
+            fl = flog2_subnormal(m)  # noqa: F821 (bound by build())
         q = max(fl, qt) - man
     d = q - (max(e, 1) - 150)
     ds = min(max(d, 1), 23)

@@ -14,8 +14,6 @@ convertible layer.
 """
 from __future__ import annotations
 
-import sys
-import types
 from typing import Any, Optional
 
 import torch.nn as nn
@@ -219,15 +217,3 @@ def generate_config(model: nn.Module) -> dict[str, Any]:
             prec = legacy_entry({"type": "Linear"} if linear else {}) if template else None
         out[f"{LEGACY_PREFIX}{name}"] = legacy_dict(prec, linear, where=f"{LEGACY_PREFIX}{name}")
     return out
-
-
-class _CallableModule(types.ModuleType):
-    """``bfp.convert`` is both this module and its main function: importing a
-    submodule binds ``bfp.convert`` to the module, so calls on the module go to
-    ``convert`` (``bfp.convert(model, "ResNet18_FB16")`` works either way)."""
-
-    def __call__(self, model: nn.Module, config: ConfigLike) -> nn.Module:
-        return convert(model, config)
-
-
-sys.modules[__name__].__class__ = _CallableModule
