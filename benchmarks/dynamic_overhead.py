@@ -153,7 +153,7 @@ def main(argv=None) -> int:
 
     def timed_step(with_do: bool) -> tuple[float, float]:
         if with_do:
-            dp.install()
+            dp.sync_hooks()  # as the callback leaves them: hooked only on measured steps
         t0, c0 = time.perf_counter(), time.process_time()
         step()
         if with_do:  # sampling, and a decision (host sync, log rows) every --every of these steps

@@ -506,9 +506,15 @@ class DynamicPrecision(Callback):
                     module.set_format(p, dataclasses.replace(fmts[p], bits=int(b)))
 
     # -- callback protocol ------------------------------------------------------------
+    def sync_hooks(self) -> None:
+        """Hooks only on measured steps: without a hook the layers reuse their
+        forward roundings for ``bwi``/``biw`` (same format), so unmeasured steps
+        cost what they cost without ``--do``."""
+        self.install() if self._measuring else self.remove()
+
     def on_train_start(self, trainer) -> None:
         self._bind(trainer.model)
-        self.install()
+        self.sync_hooks()
         path = self._csv_path(trainer)
         if path is not None and path.exists():  # a resumed run: drop decisions not in the checkpoint
             rows = [r for r in read_log(path) if int(r["decision"]) < self.controller.decision]
@@ -529,10 +535,12 @@ class DynamicPrecision(Callback):
         self._measuring = self._batches % self.spec.sample == 0  # for the next step
         if self.every != "epoch" and self._batches >= self.every:
             self._decide_and_log(trainer)
+        self.sync_hooks()
 
     def on_epoch_end(self, trainer, epoch, metrics) -> None:
         if self.every == "epoch":
             self._decide_and_log(trainer)
+        self.sync_hooks()
 
     def on_train_end(self, trainer) -> None:
         self.remove()
