@@ -98,7 +98,9 @@ def _tiled(xb, ob, tmax, D1, D2, D3, G0, G1, G2, G3, n1, n2, n3, kind, mode, sca
 
 def _device_array(t: torch.Tensor):
     if t.is_cuda:
-        return cuda.as_cuda_array(t)
+        # No stream sync: the kernels run on torch's current stream, ordered after
+        # the work that produced ``t`` (Numba would otherwise sync on every call).
+        return cuda.as_cuda_array(t, sync=False)
     if SIMULATOR:
         return t.numpy()
     raise ValueError("the CUDA backend needs CUDA tensors (or NUMBA_ENABLE_CUDASIM=1 for the simulator)")
