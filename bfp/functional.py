@@ -117,6 +117,9 @@ class _ConvOp:
         self.stride, self.padding, self.dilation = (_ntuple(v, dims) for v in (stride, padding, dilation))
 
     def _backward(self, g, x, w, mask):
+        # ATen wants every operand in g's dtype: under autocast that is the compute dtype,
+        # and x or w may be a float32 tensor passed only for its shape.
+        x, w = x.to(g.dtype), w.to(g.dtype)
         return torch.ops.aten.convolution_backward(
             g, x, w, [w.shape[0]], list(self.stride), list(self.padding), list(self.dilation),
             False, [0] * self.dims, self.groups, mask)
@@ -207,15 +210,17 @@ class QGemmFunction(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         p, op, q, gen = ctx.precision, ctx.op, ctx.q, ctx.generator
+        # g has the dtype of the forward GEMM: float32, or the compute dtype under autocast,
+        # which the backward GEMMs use too (as autograd does); .to is a no-op otherwise.
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             w_biw = w if ctx.reused[1] else _point(q, "biw", w, p.biw)
-            gx = op.grad_input(_point(q, "bio", g, p.bio), w_biw, x,
+            gx = op.grad_input(_point(q, "bio", g, p.bio), w_biw.to(g.dtype), x,
                                _acc_for(p.accumulator, "input_grad"), gen)
             gx = _point(q, "big", gx, p.big)
         if ctx.needs_input_grad[1]:
             x_bwi = x if ctx.reused[0] else _point(q, "bwi", x, p.bwi)
-            gw = op.grad_weight(_point(q, "bwo", g, p.bwo), x_bwi, w,
+            gw = op.grad_weight(_point(q, "bwo", g, p.bwo), x_bwi.to(g.dtype), w,
                                 _acc_for(p.accumulator, "weight_grad"), gen)
             gw = _point(q, "bwg", gw, p.bwg)
         if ctx.has_bias and ctx.needs_input_grad[2]:
