@@ -130,6 +130,12 @@ def _operands(a: torch.Tensor, b: torch.Tensor, acc: Accumulator):
     return a3, b3, (*batch, m, n), out_dtype
 
 
+def _float32_arithmetic(like: torch.Tensor):
+    """Autocast off: the emulation's float32 products and chunk GEMMs must stay float32
+    (under autocast a chunk GEMM would run, and round, in bfloat16/float16)."""
+    return torch.autocast(like.device.type, enabled=False)
+
+
 def _sum_terms(terms: Iterator[torch.Tensor], acc: Accumulator, rnd: Callable) -> Optional[torch.Tensor]:
     """Add already-rounded terms in order, rounding every step (Kahan if asked)."""
     s = comp = None
@@ -161,7 +167,8 @@ def accumulate_matmul_reference(a: torch.Tensor, b: torch.Tensor, acc: Accumulat
     a3, b3, shape, out_dtype = _operands(a, b, acc)
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
     products = (rnd(a3[:, :, j:j + 1] * b3[:, j:j + 1, :]) for j in range(a3.shape[-1]))
-    s = _sum_terms(products, acc, rnd)
+    with _float32_arithmetic(a):
+        s = _sum_terms(products, acc, rnd)
     return _finish(s, shape, out_dtype, a)
 
 
@@ -200,7 +207,9 @@ def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
     """
     a3, b3, shape, out_dtype = _operands(a, b, acc)
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
-    return _finish(_sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd), shape, out_dtype, a)
+    with _float32_arithmetic(a):
+        s = _sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd)
+    return _finish(s, shape, out_dtype, a)
 
 
 # -- convolution (im2col + accumulated matmul) ---------------------------------------

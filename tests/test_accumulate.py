@@ -72,6 +72,21 @@ def test_blocked_chunks_match_a_manual_chunk_loop():
     assert torch.allclose(accumulate_matmul(a, b, acc), s, rtol=2 ** -7, atol=0)  # chunk-internal order is BLAS's
 
 
+def test_autocast_does_not_change_the_emulation():
+    # Under autocast the chunk GEMMs would run in bfloat16; the emulation keeps float32.
+    a, b = _ints(4, 64, seed=17, lo=-40, hi=41), _ints(64, 3, seed=18, lo=-40, hi=41)
+    acc = Accumulator(FP32, chunk=32)
+    layer = QLinear.from_float(nn.Linear(64, 3), LayerPrecision(accumulator=Accumulator(BF16, chunk=8)))
+    x = a.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = accumulate_matmul(a, b, acc), accumulate_matmul_reference(a[:, :8], b[:8], acc)
+        y = layer(x)
+    assert torch.equal(got[0], a @ b) and torch.equal(got[1], a[:, :8] @ b[:8])
+    assert torch.equal(y, layer(a))
+    y.sum().backward()  # the backward GEMMs take the float32 gradient of the emulated forward
+    assert x.grad.dtype == torch.float32
+
+
 def test_empty_reduction_and_dtype():
     acc = Accumulator(FP16)
     out = accumulate_matmul(torch.ones(3, 0, dtype=torch.float64), torch.ones(0, 2, dtype=torch.float64), acc)
