@@ -234,13 +234,11 @@ def _same_rounding(quantizer, fwd: Optional[Format], bwd: Optional[Format]) -> b
 
 
 def _active(precision: Optional[LayerPrecision]) -> bool:
-    if precision is not None and not isinstance(precision, LayerPrecision):
+    if precision is None:
+        return False
+    if not isinstance(precision, LayerPrecision):  # its accumulator is checked by LayerPrecision itself
         raise ValueError(f"precision must be a LayerPrecision or None, got {precision!r}")
-    if precision is not None and precision.accumulator is not None \
-            and not isinstance(precision.accumulator, Accumulator):
-        raise ValueError(f"LayerPrecision.accumulator must be a bfp.accumulate.Accumulator or None, "
-                         f"got {precision.accumulator!r}")
-    return precision is not None and precision.enabled
+    return precision.enabled
 
 
 def _apply(x, w, b, op, precision, quantizer, generator):
