@@ -397,7 +397,11 @@ class Rule:
                 re.compile(self.match[3:])
             except re.error as e:
                 raise ValueError(f"bad regular expression {self.match[3:]!r}: {e}") from None
-        types = (self.types,) if isinstance(self.types, str) else tuple(self.types)
+        types = (self.types,) if isinstance(self.types, str) else self.types
+        if not isinstance(types, (list, tuple)):
+            raise ValueError(f"rule types must be a list of type names, got {self.types!r}; allowed: "
+                             f"{', '.join(CONVERTIBLE_TYPES)}")
+        types = tuple(types)
         bad = [t for t in types if t not in CONVERTIBLE_TYPES]
         if bad:
             raise ValueError(f"rule types {bad} unknown; allowed: {', '.join(CONVERTIBLE_TYPES)}")

@@ -261,6 +261,8 @@ def test_assign_optional_and_shadowed_rules():
     ({"version": 1, "rules": [{"match": "re:(", "precision": "full"}]}, "bad regular expression"),
     ({"version": 1, "rules": [{"match": "x", "precision": "full", "types": ["BatchNorm2d"]}]},
      "types.*allowed: Conv1d, Conv2d, Linear, Matmul"),
+    ({"version": 1, "rules": [{"match": "x", "precision": "full", "types": 5}]},
+     r"rules\[0\]: rule types must be a list.*allowed: Conv1d"),
     ({"version": 1, "rules": [{"match": "x", "precision": "full", "required": "no"}]}, "required: 'no' invalid"),
     ({"version": 1, "rules": [{"match": "", "precision": "full"}]}, "non-empty string"),
     ({"version": 1, "description": 3}, "description: must be a string"),
