@@ -39,6 +39,7 @@ def test_original_command_parses_with_true_false_booleans():
     (["--bfp", "ResNet18_FB16", "--do", "Simple/oops"], "--do Simple/oops"),
     (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "--device"),
     (["--training-epochs", "0"], "--training-epochs must be >= 1"),
+    (["--label-smoothing", "2"], "--label-smoothing must be in [0, 1], got 2"),
     (["--precision", "fp16"] if not __import__("torch").cuda.is_available() else ["--in-channels", "2"],
      "--precision fp16" if not __import__("torch").cuda.is_available() else "--in-channels"),
 ])

@@ -51,6 +51,8 @@ class TrainConfig:
                 raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --training-epochs {self.epochs}")
+        if not 0.0 <= self.label_smoothing <= 1.0:  # NaN fails too; torch would fail only at the first step
+            raise ValueError(f"--label-smoothing must be in [0, 1], got {self.label_smoothing!r}")
 
 
 def convert_model(model: nn.Module, config: Any) -> nn.Module:
