@@ -79,22 +79,26 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
     layers = convertible_layers(model)
     modules = {n: type(m).__name__ for n, m in model.named_modules()}
     plan = cfg.assign(layers, modules)
-    swapped: dict[int, nn.Module] = {}  # id(float module) -> its Q-layer (shared modules)
+    # id(module) -> what stands for it under every name: a module shared by several
+    # names (weight tying) is decided once, by its first name.
+    decided: dict[int, nn.Module] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
         if name not in layers:
             continue
-        precision = plan[name]
-        if _is_quantized(module):
-            module.set_precision(precision if precision is not None else LayerPrecision())
+        if id(module) not in decided:
+            precision = plan[name]
+            if _is_quantized(module):
+                module.set_precision(precision if precision is not None else LayerPrecision())
+            elif precision is not None and precision.enabled:
+                decided[id(module)] = _FLOAT_TO_Q[type(module)].from_float(module, precision)
+            decided.setdefault(id(module), module)
+        new = decided[id(module)]
+        if new is module:
             continue
-        if id(module) not in swapped:
-            if precision is None or not precision.enabled:
-                continue
-            swapped[id(module)] = _FLOAT_TO_Q[type(module)].from_float(module, precision)
         if name == "":
-            model = swapped[id(module)]
+            model = new
         else:
-            _set_submodule(model, name, swapped[id(module)])
+            _set_submodule(model, name, new)
     return model
 
 

@@ -179,6 +179,19 @@ def test_types_shared_modules_matmul_conv1d_and_root():
         convert("ResNet18", "ResNet18_FB12")
 
 
+def test_a_shared_module_takes_its_first_names_precision():
+    first_full = {"version": 1, "rules": [{"match": "emb", "precision": "full"},
+                                          {"match": "head", "precision": "fb16"}]}
+    m = convert(_Toy(), first_full)
+    assert type(m.emb) is nn.Linear and m.head is m.emb  # not split into a float and a Q twin
+    m = convert(_Toy(), {"version": 1, "rules": [{"match": "emb", "precision": "fb12"},
+                                                 {"match": "head", "precision": "fb16"}]})
+    assert m.head is m.emb and m.emb.precision.fw == FB[12]
+    convert(m, {"version": 1, "rules": [{"match": "emb", "precision": "fb24"},
+                                        {"match": "head", "precision": "fb16"}]})
+    assert m.head is m.emb and m.emb.precision.fw == FB[24]  # re-conversion too
+
+
 def test_bfp_convert_stays_the_function_after_importing_the_module():
     import bfp.conversion  # noqa: F401  (a submodule import must not shadow bfp.convert)
     m = bfp.convert(model(), "ResNet18_FB16")
