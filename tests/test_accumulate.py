@@ -70,6 +70,14 @@ def test_blocked_chunks_match_a_manual_chunk_loop():
     for j in range(5, 23, 5):
         s = quantize(s + quantize(a[:, j:j + 5] @ b[j:j + 5], BF16), BF16)
     assert torch.allclose(accumulate_matmul(a, b, acc), s, rtol=2 ** -7, atol=0)  # chunk-internal order is BLAS's
+    # Integers: each chunk's float32 sum is exact in any order, so only the bf16
+    # roundings of chunk sums and running sums remain, and they must match exactly.
+    a, b = _ints(4, 23, seed=19, lo=-40, hi=41), _ints(23, 3, seed=20, lo=-40, hi=41)
+    s = quantize(a[:, :5] @ b[:5], BF16)
+    for j in range(5, 23, 5):
+        s = quantize(s + quantize(a[:, j:j + 5] @ b[j:j + 5], BF16), BF16)
+    assert torch.equal(accumulate_matmul(a, b, acc), s)
+    assert not torch.equal(s, quantize(a @ b, BF16))  # the per-chunk roundings matter here
 
 
 def test_autocast_does_not_change_the_emulation():
