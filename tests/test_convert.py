@@ -99,6 +99,10 @@ def test_every_preset_loads_and_resolves():
     for name in preset_names():
         cfg = load_config(name)
         assert cfg.rules or cfg.default is not None, name
+        arch = name.split("_")[0]  # the model a preset is written for; "any" fits ResNet18
+        m = convert(model("ResNet18" if arch == "any" else arch), cfg)
+        assert any(isinstance(x, LayerPrecision) and x.enabled
+                   for x in (getattr(mod, "precision", None) for mod in m.modules())), name
 
 
 def test_convert_keeps_parameters_and_state_dict():
