@@ -124,8 +124,9 @@ def _opt_entry(entry: Any, key: Any, source: str) -> dict[str, float]:
         if k not in OPTIMIZER_KEYS:
             raise ValueError(f"{source}: optimizer-dict[{key!r}] has unknown key {k!r}; allowed: "
                              f"{', '.join(sorted(OPTIMIZER_KEYS))}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{source}: optimizer-dict[{key!r}][{k!r}] must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{source}: optimizer-dict[{key!r}][{k!r}] must be a finite number >= 0, "
+                             f"got {v!r}")
         if OPTIMIZER_KEYS[k] is not None:
             out[OPTIMIZER_KEYS[k]] = float(v)
     return out
