@@ -282,6 +282,9 @@ def _qconv(dims: int, x, weight, bias, stride, padding, dilation, groups, precis
     if not _active(precision):
         conv = F.conv2d if dims == 2 else F.conv1d
         return conv(x, weight, bias, stride, padding, dilation, groups)
+    if x.dim() == dims + 1:  # unbatched (C, ...), as nn.ConvNd takes it: a batch of one for the points
+        return _qconv(dims, x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, precision,
+                      quantizer, generator).squeeze(0)
     x, padding = _resolve_padding(x, padding, weight, dilation, dims)
     return _apply(x, weight, bias, _ConvOp(dims, stride, padding, dilation, groups), precision,
                   quantizer, generator)

@@ -233,6 +233,17 @@ def test_from_float_conv_keeps_padding_mode_and_same_padding():
         assert layer.padding_mode == mod.padding_mode and layer.weight is mod.weight
 
 
+def test_conv_takes_unbatched_input_like_pytorch():
+    for mod, x in ((nn.Conv2d(3, 4, 3, padding=1), torch.randn(3, 7, 6)), (nn.Conv1d(3, 4, 2), torch.randn(3, 9))):
+        layer = QUANTIZED_TYPES[type(mod)].from_float(mod, ALL_ON)
+        layer.quantize_hook = _identity_hook
+        for a, b in zip(_run(layer, x), _run(mod, x)):
+            assert torch.equal(a, b)
+        layer.quantize_hook = None  # real rounding: as the same input with a batch dim of one
+        for a, b in zip(_run(layer, x), _run(layer, x.unsqueeze(0))):
+            assert torch.equal(a, b.squeeze(0) if a.dim() == b.dim() - 1 else b)
+
+
 def test_from_float_rejects_wrong_module():
     with pytest.raises(ValueError, match="Conv2d"):
         QConv2d.from_float(nn.Linear(2, 2), None)
