@@ -73,6 +73,10 @@ class _QuantizedMixin:
         """Take over ``module``'s Parameter objects and training mode (no copies)."""
         for name, param in module.named_parameters(recurse=False):
             setattr(self, name, param)
+        left = [n for n, p in self.named_parameters(recurse=False) if p.is_meta]
+        if left:  # e.g. a parametrized weight (weight_norm): not a Parameter of the module itself
+            raise ValueError(f"{type(self).__name__}.from_float: {type(module).__name__} has no plain "
+                             f"Parameter {', '.join(left)} to adopt; remove its parametrization first")
         self.train(module.training)
 
 

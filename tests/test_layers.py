@@ -249,6 +249,9 @@ def test_from_float_rejects_wrong_module():
         QConv2d.from_float(nn.Linear(2, 2), None)
     with pytest.raises(ValueError, match="Matmul"):
         QMatmul.from_float(nn.Linear(2, 2), None)
+    normed = nn.utils.parametrizations.weight_norm(nn.Conv2d(3, 4, 3))
+    with pytest.raises(ValueError, match="no plain Parameter weight"):  # was adopted as a meta tensor
+        QConv2d.from_float(normed, None)
 
 
 def test_set_format_and_set_precision():
