@@ -100,36 +100,58 @@ def kernels(KIND: int, MODE: int):
         def strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
                   maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
             """One work item: the rows ``rows`` (flat offsets) of one tile along axes
-            0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Pass 1 takes column
-            maxima (vectorised), folds them into tile constants spread back over the
-            columns; pass 2 quantizes. Returns the (nonzero, zeroed) counts."""
+            0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles are done
+            one at a time (maximum, constants, quantize). Short tiles: pass 1 takes
+            column maxima over the rows (vectorised) and spreads each tile's
+            constants over its columns; pass 2 quantizes the rows. Returns the
+            (nonzero, zeroed) counts."""
             w = seg1 - seg0
-            colmax[:w] = 0
-            c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
-            for row in rows:
-                xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
-                for j in range(w):
-                    m = np.int64(xs[j]) & _MAG
-                    colmax[j] = max(colmax[j], m if m < _INF else 0)
-            for a3 in range(0, w, G3):
-                b3 = min(a3 + G3, w)
-                tmax = 0
-                for j in range(a3, b3):
-                    tmax = max(tmax, colmax[j])
-                c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
-                                              maxkept, emaxq)
-                c_q[a3:b3] = c0
-                c_p[a3:b3] = c1
-                c_hi[a3:b3] = c2
-                c_lo[a3:b3] = c3
-            for row in rows:
-                base = row + seg0
-                xs = xb[base:base + w]
-                os = ob[base:base + w]
-                for j in range(w):
-                    r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
-                    os[j] = _elem(np.int64(xs[j]), KIND, MODE, c_q[j], c_p[j], c_hi[j], c_lo[j],
-                                  man, ftz, ovf_inf, inf_nan, r)
+            if G3 >= 16:  # long tiles (MX blocks): per tile, max then quantize, constants in registers
+                for a3 in range(0, w, G3):
+                    n3 = min(G3, w - a3)
+                    tmax = 0
+                    for row in rows:
+                        xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
+                        for j in range(n3):
+                            m = np.int64(xs[j]) & _MAG
+                            tmax = max(tmax, m if m < _INF else 0)
+                    c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
+                                                  maxkept, emaxq)
+                    for row in rows:
+                        base = row + seg0 + a3
+                        xs = xb[base:base + n3]
+                        os = ob[base:base + n3]
+                        for j in range(n3):
+                            r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
+                            os[j] = _elem(np.int64(xs[j]), KIND, MODE, c0, c1, c2, c3, man, ftz,
+                                          ovf_inf, inf_nan, r)
+            else:  # short tiles: column maxima over the rows, constants spread over columns
+                colmax[:w] = 0
+                c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
+                for row in rows:
+                    xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
+                    for j in range(w):
+                        m = np.int64(xs[j]) & _MAG
+                        colmax[j] = max(colmax[j], m if m < _INF else 0)
+                for a3 in range(0, w, G3):
+                    b3 = min(a3 + G3, w)
+                    tmax = 0
+                    for j in range(a3, b3):
+                        tmax = max(tmax, colmax[j])
+                    c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
+                                                  maxkept, emaxq)
+                    c_q[a3:b3] = c0
+                    c_p[a3:b3] = c1
+                    c_hi[a3:b3] = c2
+                    c_lo[a3:b3] = c3
+                for row in rows:
+                    base = row + seg0
+                    xs = xb[base:base + w]
+                    os = ob[base:base + w]
+                    for j in range(w):
+                        r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
+                        os[j] = _elem(np.int64(xs[j]), KIND, MODE, c_q[j], c_p[j], c_hi[j], c_lo[j],
+                                      man, ftz, ovf_inf, inf_nan, r)
             nz = 0
             zc = 0
             if stats:  # second pass over the strip, still in cache
