@@ -105,6 +105,15 @@ def test_train_config_file_presets_flags_and_rejects_unknown_keys(tiny_args, tmp
     assert main(tiny_args("-tc", str(tc))) == 2
     err = capsys.readouterr().err
     assert str(tc) in err and "unknown key 'trainig-epochs'" in err
+    for bad, why in (({"training-epochs": [5]}, "must be a single value, got [5]"),
+                     ({"run-dir": None}, "cannot be null"),
+                     ({"model-opt": ["width=4"]}, 'must be an object like {"width": 16}')):
+        tc.write_text(json.dumps(bad))
+        assert main(tiny_args("-tc", str(tc))) == 2
+        err = capsys.readouterr().err
+        assert str(tc) in err and why in err and "Traceback" not in err
+    tc.write_text(json.dumps({"run-name": 7, "log": True}))  # a number is text, as on the command line
+    assert main(tiny_args("-tc", str(tc), "--training-epochs", "1")) == 0 and (tmp_path / "runs" / "7").is_dir()
     tc.write_text(json.dumps({"bfp-layer-conf-dict": {"1": "ResNet18_FB77"}}))
     assert main(tiny_args("-tc", str(tc), "--training-epochs", "2")) == 2
     assert "bfp-layer-conf-dict[1]" in capsys.readouterr().err  # caught before training starts

@@ -209,13 +209,21 @@ def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict
             allowed = sorted(PLAN_KEYS) + sorted(a.replace("_", "-") for a in settable)
             raise UsageError(f"training config {str(path)!r}: unknown key {key!r}; allowed: {', '.join(allowed)}")
         a = actions[dest]
-        try:
-            if a.type is not None and not (a.dest == "model_opt"):
-                value = a.type(value) if not isinstance(value, list) else value
-            elif a.dest == "model_opt":
-                value = [model_option(f"{k}={v}") for k, v in dict(value).items()]
-        except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
-            raise UsageError(f"training config {str(path)!r}: {key!r}: {e}") from None
+        where = f"training config {str(path)!r}: {key!r}"
+        if dest == "model_opt":
+            if not isinstance(value, dict):
+                raise UsageError(f'{where} must be an object like {{"width": 16}}, got {value!r}')
+            value = [model_option(f"{k}={v}") for k, v in value.items()]
+        elif isinstance(value, (list, dict)):
+            raise UsageError(f"{where} must be a single value, got {value!r}")
+        elif value is None:
+            if a.default is not None:
+                raise UsageError(f"{where} cannot be null (default: {a.default!r})")
+        else:
+            try:  # as argparse would convert the same text on the command line
+                value = a.type(value) if a.type is not None else str(value)
+            except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+                raise UsageError(f"{where}: {e}") from None
         if a.choices is not None and value not in a.choices:
             raise UsageError(f"training config {str(path)!r}: {key!r} = {value!r}; allowed: "
                              f"{', '.join(map(str, a.choices))}")
