@@ -62,3 +62,16 @@ def test_unknown_option_is_rejected_by_name():
 def test_width_option_shrinks_resnet_for_fast_tests():
     net = bfp.models.create("ResNet10", 10, width=4)
     assert net.conv1.out_channels == 4 and net.linear.in_features == 32
+
+
+@pytest.mark.parametrize("name, option, message", [
+    ("ResNet10", {"width": 0}, "option width must be a positive integer, got 0"),
+    ("ResNet10", {"width": "abc"}, "option width must be a positive integer, got 'abc'"),
+    ("ResNet10", {"width": 2.5}, "option width must be a positive integer, got 2.5"),
+    ("MLPMixer", {"patch_size": 0}, "option patch_size must be a positive integer"),
+    ("DenseNetCifar", {"reduction": 0}, r"reduction must be in \(0, 1\], got 0"),
+    ("DenseNetCifar", {"reduction": "half"}, "option reduction must be a number, got 'half'"),
+])
+def test_bad_option_values_are_named(name, option, message):
+    with pytest.raises(ValueError, match=message):
+        bfp.models.create(name, **option)

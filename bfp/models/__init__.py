@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from typing import Callable
 
 import torch.nn as nn
@@ -67,21 +68,34 @@ def create(name: str, num_classes: int = 10, in_channels: int = 3, **kwargs) -> 
     for what, v in (("num_classes", num_classes), ("in_channels", in_channels)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{what} must be a positive integer, got {v!r}")
-    allowed = options(name)
+    allowed = _options(name)
     bad = sorted(set(kwargs) - set(allowed))
     if bad:
         raise ValueError(f"model {name!r} does not take {bad}; its options: "
                          f"{', '.join(allowed) or 'none'}")
+    for k, v in kwargs.items():  # sizes are positive integers, rates numbers, as their defaults
+        default = allowed[k].default
+        if isinstance(default, bool):
+            continue
+        if isinstance(default, int) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"model {name!r} option {k} must be a positive integer, got {v!r}")
+        if isinstance(default, float) and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                           or not math.isfinite(v)):
+            raise ValueError(f"model {name!r} option {k} must be a number, got {v!r}")
     return factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
 def options(name: str) -> list[str]:
     """Constructor options of ``name`` beyond ``num_classes`` and ``in_channels``."""
+    return list(_options(name))
+
+
+def _options(name: str) -> dict[str, inspect.Parameter]:
     factory = _REGISTRY[canonical_name(name)]
     target = getattr(factory, "builds", factory)
     fixed = set(getattr(factory, "fixed", ())) | {"self", "num_classes", "in_channels"}
-    return [p.name for p in inspect.signature(target).parameters.values()
-            if p.name not in fixed and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return {p.name: p for p in inspect.signature(target).parameters.values()
+            if p.name not in fixed and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
 __all__ = ["create", "names", "options", "canonical_name"]

@@ -43,6 +43,8 @@ class DenseNet(nn.Module):
     def __init__(self, nblocks, growth_rate: int = 12, reduction: float = 0.5,
                  num_classes: int = 10, in_channels: int = 3):
         super().__init__()
+        if not 0 < reduction <= 1:
+            raise ValueError(f"DenseNet reduction must be in (0, 1], got {reduction!r}")
         self.growth_rate = growth_rate
         planes = 2 * growth_rate
         self.conv1 = nn.Conv2d(in_channels, planes, 3, padding=1, bias=False)
