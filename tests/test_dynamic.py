@@ -212,7 +212,7 @@ def test_measured_output_is_what_quantize_gives():
     assert torch.equal(model(x), plain)
 
 
-def test_counts_are_summed_over_processes_when_distributed(tmp_path):
+def test_counts_are_summed_over_processes_when_distributed(tmp_path, monkeypatch):
     import torch.distributed as dist
     model = torch.nn.Sequential(_conv())
     dp = DynamicPrecision(model, "Simple/0.1/0.2/0/0")
@@ -222,6 +222,11 @@ def test_counts_are_summed_over_processes_when_distributed(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         assert torch.equal(dp.global_counts(), local)  # one rank: the sum is its own counts
+        # a second rank with the same counts, as all_reduce would sum them
+        monkeypatch.setattr(dist, "all_reduce", lambda t: t.mul_(2))
+        assert torch.equal(dp.global_counts(), 2 * local)
+        assert dp.point_zse() == dp.point_zse(local)  # ratios of summed counts
+        assert torch.equal(dp.counts(), local)  # the local counts themselves are left alone
     finally:
         dist.destroy_process_group()
 
