@@ -114,6 +114,25 @@ def test_resume_refuses_changed_flags(tmp_path, tiny_args, capsys):
     assert "--optim-lr" in capsys.readouterr().err
 
 
+def test_resume_from_an_earlier_checkpoint_never_overwrites_a_later_one(tmp_path, tiny_args, capsys):
+    import shutil
+    args = tiny_args("--training-epochs", "2", "--save", "True", "--save-interval", "1")
+    assert main([*args, "--run-name", "r"]) == 0
+    run = tmp_path / "runs" / "r"
+    saved = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    assert main([*args, "--resume", str(run / "checkpoints" / "epoch_001.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "last.pt" in err and "2 epochs done" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == saved
+    # the documented way to branch: a copy without last.pt continues in the copy
+    branch = tmp_path / "runs" / "branch"
+    shutil.copytree(run, branch)
+    (branch / "checkpoints" / "last.pt").unlink()
+    assert main([*args, "--resume", str(branch / "checkpoints" / "epoch_001.pt")]) == 0
+    assert ckpt.load(branch / "checkpoints" / "last.pt")["epoch"] == 2
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == saved
+
+
 def test_resume_of_a_corrupt_checkpoint_names_the_file(tmp_path, tiny_args, capsys):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"PK\x03\x04 truncated")

@@ -369,7 +369,8 @@ def cpu_threads(n: int):
 
 def _train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", stream=None) -> dict[str, Any]:
     device = resolve_device(args.device)
-    state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu") if args.resume else None
+    resume_path = ckpt.resolve(args.resume) if args.resume else None
+    state = ckpt.load(resume_path, map_location="cpu") if resume_path else None
     seed_everything(args.seed)
     data = load_data(args, device)
     config = train_config(args, plan, device)
@@ -380,7 +381,7 @@ def _train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", strea
     model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
     check_plan_configs(model, plan, initial, args.train_config_file)
 
-    run_dir = Path(state["extra"]["run_dir"]) if state is not None and state["extra"].get("run_dir") \
+    run_dir = resumed_run_dir(args, resume_path, state) if state is not None \
         else new_run_dir(args, suffix) if (args.log or args.save) else None
     token = read_slack_token() if args.slackbot else None
     log = RunLog(run_dir if (args.log or args.save) else None, tensorboard=args.log, stream=stream,
@@ -468,6 +469,24 @@ def new_run_dir(args: argparse.Namespace, suffix: str) -> Path:
     run_dir, n = base, 1
     while run_dir.exists():
         run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return run_dir
+
+
+def resumed_run_dir(args: argparse.Namespace, path: Path, state: dict) -> Optional[Path]:
+    """The run directory a resume writes to: the one holding ``path`` (a copied run
+    continues in its copy), else the one recorded in the checkpoint. Refuses when it
+    holds a later ``last.pt``, which continuing from an earlier epoch would overwrite."""
+    saved = state["extra"].get("run_dir")
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else Path(saved) if saved else None
+    last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
+    if (args.log or args.save) and last is not None and last.is_file() and last.resolve() != path.resolve():
+        later = ckpt.load(last)["epoch"]
+        if later > state["epoch"]:
+            raise UsageError(
+                f"--resume {path}: {run_dir} holds a later checkpoint ({last}, {later} epochs done) that "
+                f"continuing after epoch {state['epoch']} would overwrite; to branch from there, copy "
+                f"{run_dir} to a new directory, delete the copy's checkpoints/last.pt and resume the "
+                f"copy's {path.name}")
     return run_dir
 
 
