@@ -57,11 +57,8 @@ class TrainConfig:
 
 def convert_model(model: nn.Module, config: Any) -> nn.Module:
     """``bfp.convert(model, config)``; ``config`` None means leave the model as it is."""
-    if config is None:
-        return model
     import bfp
-    out = bfp.convert(model, config)
-    return out if isinstance(out, nn.Module) else model
+    return model if config is None else bfp.convert(model, config)
 
 
 def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[torch.Tensor]:
@@ -122,35 +119,28 @@ class Trainer:
     def log(self, msg: str) -> None:
         self._log(msg)
 
+    def _config_name(self) -> str:
+        if self.active_precision is None:
+            return "none (FP32)"
+        return self.active_precision if isinstance(self.active_precision, str) else "custom config"
+
     def describe(self) -> str:
-        prec = self.active_precision if isinstance(self.active_precision, str) or \
-            self.active_precision is None else "custom config"
         return (f"{self.name or type(self.model).__name__} on {self.data.name}, "
-                f"network config {prec or 'none (FP32)'}, {self.cfg.precision} compute")
+                f"network config {self._config_name()}, {self.cfg.precision} compute")
 
     # ---- precision and optimizer switches -----------------------------------------
     def set_precision(self, config: Any) -> None:
         """Convert the model to network ``config`` (preset name, path or dict) in place,
         keeping weights, optimizer state and the learning-rate schedule."""
-        before = dict(self.model.named_parameters())
+        before = [id(p) for p in self.model.parameters()]
         self.model = convert_model(self.model, config).to(self.device)
-        after = dict(self.model.named_parameters())
-        self._rebind_optimizer(before, after)
+        # bfp.convert swaps layers for Q-layers sharing their Parameters, so the
+        # optimizer (and its momentum) goes on updating the model's weights.
+        if [id(p) for p in self.model.parameters()] != before:
+            raise RuntimeError("conversion replaced the model's parameters; the optimizer would "
+                               "keep updating the old ones")
         self.active_precision = config
         self.log_precision()
-
-    def _rebind_optimizer(self, before: dict, after: dict) -> None:
-        if all(after.get(n) is p for n, p in before.items()) and len(after) == len(before):
-            return
-        if list(before) == list(after) or len(before) == len(after):
-            new_of = {id(p): q for p, q in zip(before.values(), after.values())}
-        else:
-            raise RuntimeError(f"conversion changed the model's parameters ({len(before)} -> "
-                               f"{len(after)}); the optimizer cannot follow")
-        for g in self.optimizer.param_groups:
-            g["params"] = [new_of[id(p)] for p in g["params"]]
-        self.optimizer.state = type(self.optimizer.state)(
-            {new_of.get(id(p), p): s for p, s in self.optimizer.state.items()})
 
     def log_precision(self) -> None:
         report = self.precision_report()
@@ -162,12 +152,9 @@ class Trainer:
     def precision_report(self) -> str:
         if self.active_precision is None:
             return ""
-        try:
-            import bfp
-            return f"network config {self.active_precision if isinstance(self.active_precision, str) else '(dict)'}" \
-                   f" from epoch {self.epoch}:\n{bfp.conversion_report(self.model)}"
-        except (ImportError, AttributeError):
-            return f"network config {self.active_precision!r} from epoch {self.epoch}"
+        import bfp
+        return (f"network config {self._config_name()} from epoch {self.epoch + 1}:\n"
+                f"{bfp.conversion_report(self.model)}")
 
     def _apply_plan(self, epoch: int) -> None:
         wanted = self.plan.precision_at(epoch, self.active_precision)
@@ -287,11 +274,8 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        try:  # every Q-layer's precision, including changes by callbacks ({} for an FP32 model)
-            import bfp
-            precision = bfp.precision_state(self.model)
-        except (ImportError, AttributeError):
-            precision = None
+        import bfp
+        precision = bfp.precision_state(self.model)  # every Q-layer, callbacks' changes included
         return {
             "epoch": self.epoch, "global_step": self.global_step, "best_acc": self.best_acc,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
