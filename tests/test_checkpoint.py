@@ -97,6 +97,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_args):
     assert resumed["model"].keys() == straight["model"].keys()
     for k in straight["model"]:
         assert torch.equal(resumed["model"][k], straight["model"][k]), k
+    assert len(resumed["optimizer"]["state"]) == len(straight["optimizer"]["state"]) > 0
     for a, b in zip(resumed["optimizer"]["state"].values(), straight["optimizer"]["state"].values()):
         assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
     assert resumed["precision_state"] == straight["precision_state"]
@@ -173,8 +174,8 @@ def test_dataloader_path_resumes_exactly(tmp_path):
         first.epochs = 1
         first.fit()
         state = ckpt.load(tmp_path / "ck" / "last.pt")
-        torch.manual_seed(123), random.seed(123)  # whatever ran in between
         resumed = trainer()
+        torch.manual_seed(123), random.seed(123), resumed.data.generator.manual_seed(123)  # whatever ran in between
         resumed.load_state_dict(state)
         resumed.fit()
     for k, v in straight.model.state_dict().items():

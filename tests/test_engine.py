@@ -52,6 +52,29 @@ def test_test_data_is_never_augmented():
     assert torch.equal(first[0], expect)
 
 
+@pytest.mark.parametrize("gpu_data", [False, True], ids=["DataLoader", "TensorLoader"])
+def test_image_folder_test_data_is_not_augmented_and_normalised_as_training_data(tmp_path, gpu_data):
+    from PIL import Image
+    colour = (10, 200, 90)
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (32, 32), colour).save(tmp_path / split / cls / f"{i}.png")
+    b = D.load("imagefolder", str(tmp_path), batch_size_train=8, batch_size_test=8, num_workers=0,
+               gpu_data=gpu_data)
+    mean, std = torch.tensor(D.IMAGENET_MEAN)[:, None, None], torch.tensor(D.IMAGENET_STD)[:, None, None]
+    image = (torch.tensor(colour, dtype=torch.float32)[:, None, None] / 255 - mean) / std
+    zero = -mean / std
+    (x_test, _), = list(b.test)
+    torch.testing.assert_close(x_test, image.expand(8, 3, 32, 32).contiguous(), rtol=0, atol=1e-5)
+    (x_train, _), = list(b.train)
+    # a crop of the zero-padded image: every pixel is the image's or padding, normalised alike
+    is_image = (x_train - image).abs().amax(1) < 1e-5
+    is_zero = (x_train - zero).abs().amax(1) < 1e-5
+    assert (is_image | is_zero).all() and is_image.any()
+
+
 def test_augmentation_is_a_crop_of_the_padded_image_and_follows_the_generator():
     ds = D.TensorDataset(torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8), torch.zeros(16))
     loader = D.TensorLoader(ds, 16, (0, 0, 0), (1 / 255, 1 / 255, 1 / 255), augment=D.Augment(pad=4, flip=True),
