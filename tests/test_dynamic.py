@@ -444,10 +444,15 @@ def test_digits_run_changes_precision_and_a_resumed_run_makes_the_same_decisions
         assert straight["precision_state"][r["layer"]][lead[r["pair"]]]["bits"] == int(r["new_bits"])
     assert plot_precision(run).exists()
 
-    cut = tmp_path / "epoch_001.pt"
-    cut.write_bytes((run / "checkpoints" / "epoch_001.pt").read_bytes())
+    # branch from epoch 1 the documented way: a copy of the run without its later last.pt
+    # (the copy's CSV still holds the straight run's later decisions, which the resume drops)
+    import shutil
+    branch = tmp_path / "runs" / "branch"
+    shutil.copytree(run, branch)
+    (branch / "checkpoints" / "last.pt").unlink()
+    cut = branch / "checkpoints" / "epoch_001.pt"
     assert ckpt.load(cut)["callbacks"]["dynamic_precision"]["batches"] == 1
     assert cifar_main([*common, "--resume", str(cut)]) == 0
-    assert (run / CSV_NAME).read_text() == straight_log
-    resumed = ckpt.load(run / "checkpoints" / "last.pt")["callbacks"]["dynamic_precision"]
+    assert (branch / CSV_NAME).read_text() == straight_log
+    resumed = ckpt.load(branch / "checkpoints" / "last.pt")["callbacks"]["dynamic_precision"]
     assert torch.equal(resumed.pop("counts"), dyn.pop("counts")) and resumed == dyn
