@@ -304,6 +304,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--threads must be >= 0, got {args.threads}")
     if args.num_workers < 0:
         raise UsageError(f"--num-workers must be >= 0, got {args.num_workers}")
+    if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.manual_seed accepts
+        raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
     if args.do and not (args.bfp or args.plan_has_precision):
         raise UsageError(f"--do {args.do}: dynamic precision needs a converted model; give --bfp CONFIG")
 
@@ -384,8 +386,12 @@ def _train(args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "", strea
     run_dir = resumed_run_dir(args, resume_path, state) if state is not None \
         else new_run_dir(args, suffix) if (args.log or args.save) else None
     token = read_slack_token() if args.slackbot else None
-    log = RunLog(run_dir if (args.log or args.save) else None, tensorboard=args.log, stream=stream,
-                 redact=(token,) if token else ())
+    try:
+        log = RunLog(run_dir if (args.log or args.save) else None, tensorboard=args.log, stream=stream,
+                     redact=(token,) if token else ())
+    except OSError as e:
+        raise UsageError(f"cannot write the run directory {str(run_dir)!r} (--run-dir {args.run_dir}): "
+                         f"{e.strerror or e}") from None
     public_args = {k: v for k, v in vars(args).items() if k != "explicit"}
     try:
         trainer = Trainer(model, data, config, device=device, log=log,
