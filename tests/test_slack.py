@@ -88,6 +88,19 @@ def test_auth_failure_is_logged_without_the_token_and_training_goes_on(slack, ti
     assert (tmp_path / "runs" / "a" / "metrics.jsonl").read_text().count("\n") == 1
 
 
+def test_an_error_that_quotes_the_token_is_logged_redacted(slack, tiny_args, tmp_path, monkeypatch, capsys):
+    fake = slack({"ok": False, "error": f"token {TOKEN} revoked"})
+    logged = []
+    n = SlackNotifier(TOKEN, "#x", base_url=fake.url, log=logged.append)
+    assert n.send("hello") is False and logged == ["slack: message not sent (token *** revoked); training continues"]
+    monkeypatch.setenv("BFP_SLACK_TOKEN", TOKEN)
+    assert main(tiny_args("--training-epochs", "1", "--log", "True", "--save", "True", "--slackbot", "True",
+                          "--slack-base-url", fake.url, "--run-name", "q")) == 0
+    written = _everything_written(tmp_path / "runs" / "q", capsys)
+    assert "token *** revoked" in written and TOKEN not in written
+    assert not any(TOKEN.encode() in p.read_bytes() for p in (tmp_path / "runs" / "q").rglob("*") if p.is_file())
+
+
 def test_unreachable_server_never_stops_training(tmp_path):
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))
