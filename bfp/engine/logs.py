@@ -121,7 +121,7 @@ def read_metrics(run_dir: os.PathLike) -> list[dict[str, Any]]:
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}:{n}: not a JSON line") from None
-        by_epoch[int(rec["epoch"])] = rec
+            by_epoch[int(rec["epoch"])] = rec
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}:{n}: not a JSON record with an 'epoch' number") from None
     return [by_epoch[e] for e in sorted(by_epoch)]
