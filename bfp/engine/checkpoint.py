@@ -8,10 +8,11 @@ good checkpoint survives until the new one is complete.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -24,19 +25,28 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable, truncated or not ours."""
 
 
-def save(obj: dict[str, Any], path: os.PathLike | str) -> Path:
+@contextlib.contextmanager
+def atomic_file(path: os.PathLike | str, mode: str = "wb", **open_kw) -> Iterator[IO]:
+    """A temporary file beside ``path``: synced and ``os.replace``d over ``path`` when the
+    block ends normally, removed (leaving ``path`` as it was) when it raises."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, "version": VERSION, **obj}, f)
+        with open(tmp, mode, **open_kw) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def save(obj: dict[str, Any], path: os.PathLike | str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as f:
+        torch.save({"format": FORMAT, "version": VERSION, **obj}, f)
     return path
 
 

@@ -580,9 +580,8 @@ def generate_config(args: argparse.Namespace, stream=None) -> Path:
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite True to replace it or --config-out PATH")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    with ckpt.atomic_file(out, "w", encoding="utf-8") as f:
+        f.write(json.dumps(cfg, indent=2) + "\n")
     print(f"wrote {out}: {len(cfg) - 1} layers of {args.model}", file=stream or sys.stdout)
     return out
 

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from .checkpoint import atomic_file
+
 
 def git_commit(cwd: Optional[os.PathLike] = None) -> Optional[str]:
     """The commit of the source tree (``+dirty`` with local changes), or None outside git."""
@@ -95,9 +97,8 @@ class RunLog:
         if self.run_dir is None:
             raise RuntimeError(f"cannot write {name}: this run has no run directory")
         path = self.run_dir / name
-        tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
-        tmp.write_text(self._clean(json.dumps(obj, indent=2, default=str)) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        with atomic_file(path, "w", encoding="utf-8") as f:
+            f.write(self._clean(json.dumps(obj, indent=2, default=str)) + "\n")
         return path
 
     def close(self) -> None:
