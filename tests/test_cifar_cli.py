@@ -128,6 +128,11 @@ def test_shipped_training_configs_parse(name, monkeypatch):
     args, plan, path = parse_args(["-tc", name])
     plan.check_epochs(args.training_epochs, str(path))
     assert path.name == f"{name}.json"
+    import bfp.models
+    from bfp.engine.cli import check_plan_configs
+    small = {"width": 4} if "width" in bfp.models.options(args.model) else {}
+    model = bfp.models.create(args.model, 10, **{**dict(args.model_opt), **small})
+    check_plan_configs(model, plan, None, str(path))  # every scheduled network config converts the model
 
 
 def test_unknown_training_config_lists_the_available_ones(capsys):

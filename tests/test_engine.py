@@ -243,8 +243,12 @@ def test_callback_state_is_in_the_trainer_state():
 
 def test_bf16_autocast_trains_on_cpu():
     t = Trainer(tiny_model(), digits(), TrainConfig(epochs=1, precision="bf16", progress=False))
+    dtypes = set()
+    t.model.conv1.register_forward_hook(lambda mod, inp, out: dtypes.add(out.dtype))
     (m,) = t.fit()
     assert math.isfinite(m["train_loss"]) and not t.scaler.is_enabled()
+    assert dtypes == {torch.bfloat16}  # the convolutions ran in bf16, in training and evaluation
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())  # master weights stay float32
 
 
 def test_fp16_uses_a_grad_scaler_starting_at_2_pow_16():
