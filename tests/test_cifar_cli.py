@@ -40,6 +40,7 @@ def test_original_command_parses_with_true_false_booleans():
     (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "--device"),
     (["--training-epochs", "0"], "--training-epochs must be >= 1"),
     (["--label-smoothing", "2"], "--label-smoothing must be in [0, 1], got 2"),
+    (["--limit-train-images", "1"], "digits: 1 training image(s) (--limit-train-images); training needs at least 2"),
     (["--seed", str(2 ** 64)], f"--seed must be in [-2**63, 2**64), got {2 ** 64}"),
     (["--log", "True", "--run-dir", __file__], f"--run-dir {__file__}"),  # a file, not a directory
     (["--precision", "fp16"] if not __import__("torch").cuda.is_available() else ["--in-channels", "2"],

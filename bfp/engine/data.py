@@ -163,6 +163,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     if name == "digits":
         train, test, classes = _digits(channels)
         train, test = _limit(train, limit_train), _limit(test, limit_test)
+        _check_train_size(name, len(train))
         mean, std = _mean_std(train)
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
         return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -175,6 +176,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     aug = Augment()
     classes = list(train_ds.classes)
     train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
+    _check_train_size(name, len(train_ds))
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
         return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -192,6 +194,11 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
                                         drop_last=len(train_ds) % batch_size_train == 1, **common)
     test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
     return DataBundle(name, train, test, len(classes), 3, classes, g)
+
+
+def _check_train_size(name: str, n: int) -> None:
+    if n < 2:  # a lone image is dropped as a last batch (BatchNorm needs two), leaving no step
+        raise DataError(f"{name}: {n} training image(s) (--limit-train-images); training needs at least 2")
 
 
 def _limit(ds, n: int):
