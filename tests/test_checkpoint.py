@@ -142,6 +142,13 @@ def test_resume_of_a_corrupt_checkpoint_names_the_file(tmp_path, tiny_args, caps
     assert "bad.pt" in err and "corrupt or truncated" in err and "Traceback" not in err
 
 
+def test_resume_of_a_checkpoint_without_flags_says_so(tmp_path, tiny_args, capsys):
+    ckpt.save({"epoch": 1, "extra": {}}, tmp_path / "api.pt")  # as a Trainer without extra_state writes
+    assert main([*tiny_args(), "--resume", str(tmp_path / "api.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "api.pt" in err and "no cifar.py flags" in err and "Traceback" not in err
+
+
 def test_dataloader_path_resumes_exactly(tmp_path):
     """The torch DataLoader path (image folders, CIFAR) draws its order and crops
     from the saved generator and global RNG: a trainer rebuilt from the epoch-1

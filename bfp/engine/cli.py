@@ -588,7 +588,11 @@ def generate_config(args: argparse.Namespace, stream=None) -> Path:
 
 def apply_resume(args: argparse.Namespace, plan: EpochPlan) -> tuple[argparse.Namespace, EpochPlan]:
     """The interrupted run's flags and plan, with the few flags that may change taken from ``args``."""
-    state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu")
+    path = ckpt.resolve(args.resume)
+    state = ckpt.load(path, map_location="cpu")
+    if "args" not in state["extra"] or "plan" not in state["extra"]:
+        raise UsageError(f"--resume {path}: this checkpoint holds no cifar.py flags (it was written by a "
+                         f"Trainer used from Python); resume it with Trainer.load_state_dict")
     saved = dict(state["extra"]["args"])
     same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)
     changed = sorted(k for k in args.explicit if k not in RESUME_OVERRIDES
