@@ -156,6 +156,12 @@ def test_generate_config_lists_every_layer_and_never_overwrites(tmp_path, capsys
     out.write_text("{}")
     assert main(["--mode", "generate-config", "-m", "ResNet18", "--config-out", str(out)]) == 2
     assert out.read_text() == "{}" and "--overwrite" in capsys.readouterr().err
+    for where, why in ((tmp_path, "is a directory"), (out / "x.json", "cannot write")):
+        assert main(["--mode", "generate-config", "-m", "ResNet18", "--config-out", str(where),
+                     "--overwrite", "True"]) == 2
+        err = capsys.readouterr().err
+        assert why in err and str(where) in err and "Traceback" not in err
+    assert out.read_text() == "{}"
 
 
 def test_dynamic_precision_plugs_in_as_a_callback(tiny_args, tmp_path):

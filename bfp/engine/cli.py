@@ -579,9 +579,14 @@ def generate_config(args: argparse.Namespace, stream=None) -> Path:
     out = Path(args.config_out or Path("conf_net") / f"{args.model}_generated.json")
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite True to replace it or --config-out PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with ckpt.atomic_file(out, "w", encoding="utf-8") as f:
-        f.write(json.dumps(cfg, indent=2) + "\n")
+    if out.is_dir():
+        raise UsageError(f"--config-out {out} is a directory; give a file path")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with ckpt.atomic_file(out, "w", encoding="utf-8") as f:
+            f.write(json.dumps(cfg, indent=2) + "\n")
+    except OSError as e:
+        raise UsageError(f"--config-out {out}: cannot write ({e.strerror or e})") from None
     print(f"wrote {out}: {len(cfg) - 1} layers of {args.model}", file=stream or sys.stdout)
     return out
 
