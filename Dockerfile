@@ -5,5 +5,5 @@ WORKDIR /app
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 COPY . .
 # Editable: the README's `docker run -v "$(pwd)":/app` mounts the working tree over /app.
-RUN pip install -e ".[test]"
+RUN pip install -e ".[test,cuda]"
 CMD ["python3", "-u", "cifar.py", "--help"]
