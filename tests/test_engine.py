@@ -279,6 +279,21 @@ def test_switch_from_fp32_swaps_layers_and_keeps_the_optimizer_on_the_same_param
     assert t.state_dict()["precision_state"]["layer1.0.conv1"]["fw"]["bits"] == 8
 
 
+def test_switch_to_null_config_turns_quantization_off():
+    seen = {}
+
+    class Bits(Callback):
+        name = "bits"
+
+        def on_epoch_start(self, trainer, epoch):
+            fw = trainer.model.layer1[0].conv1.precision.fw
+            seen[epoch] = fw.bits if fw is not None else None
+
+    t = _train(EpochPlan.parse({"0": "ResNet18_FB16", "1": None}, None, "t"), callbacks=[Bits()])
+    assert seen == {0: 8, 1: None} and t.active_precision is None
+    assert all(v["fw"] is None for v in t.state_dict()["precision_state"].values())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_data_gives_the_cpu_loaders_batches():

@@ -55,10 +55,15 @@ class TrainConfig:
             raise ValueError(f"--label-smoothing must be in [0, 1], got {self.label_smoothing!r}")
 
 
+# Network config None: FP32. Float layers stay as they are; Q-layers (a plan switching
+# back to FP32) keep their class with quantization off, which computes as plain PyTorch.
+FP32_CONFIG = {"version": 1, "default": "full"}
+
+
 def convert_model(model: nn.Module, config: Any) -> nn.Module:
-    """``bfp.convert(model, config)``; ``config`` None means leave the model as it is."""
+    """``bfp.convert(model, config)``; ``config`` None means FP32."""
     import bfp
-    return model if config is None else bfp.convert(model, config)
+    return bfp.convert(model, FP32_CONFIG if config is None else config)
 
 
 def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[torch.Tensor]:
