@@ -109,6 +109,8 @@ def test_train_config_file_presets_flags_and_rejects_unknown_keys(tiny_args, tmp
     err = capsys.readouterr().err
     assert str(tc) in err and "unknown key 'trainig-epochs'" in err
     for bad, why in (({"training-epochs": [5]}, "must be a single value, got [5]"),
+                     ({"training-epochs": 2.5}, "invalid literal for int() with base 10: '2.5'"),
+                     ({"training-epochs": True}, "invalid literal for int() with base 10: 'True'"),
                      ({"run-dir": None}, "cannot be null"),
                      ({"model-opt": ["width=4"]}, 'must be an object like {"width": 16}')):
         tc.write_text(json.dumps(bad))

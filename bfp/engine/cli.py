@@ -221,7 +221,7 @@ def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict
                 raise UsageError(f"{where} cannot be null (default: {a.default!r})")
         else:
             try:  # as argparse would convert the same text on the command line
-                value = a.type(value) if a.type is not None else str(value)
+                value = a.type(str(value)) if a.type is not None else str(value)
             except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
                 raise UsageError(f"{where}: {e}") from None
         if a.choices is not None and value not in a.choices:
