@@ -188,3 +188,7 @@ def test_draw_curve_writes_pngs(tiny_args, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "draw_curve.py"), str(tmp_path / "runs" / "p"),
                         "-o", str(tmp_path / "png2")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "metrics.jsonl:2: not a JSON record" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "runs" / "p" / "metrics.jsonl").write_text('{"epoch": 0, "test_loss": 1}\n')
+    r = subprocess.run([sys.executable, str(ROOT / "draw_curve.py"), str(tmp_path / "runs" / "p"),
+                        "-o", str(tmp_path / "png2")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "records without test_acc1, train_acc1, train_loss" in r.stderr

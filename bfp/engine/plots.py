@@ -22,6 +22,11 @@ def draw_curves(run_dirs: Sequence[os.PathLike], out_dir: os.PathLike, labels: S
     if labels and len(labels) != len(run_dirs):
         raise ValueError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [(labels[i] if labels else Path(d).name, read_metrics(d)) for i, d in enumerate(run_dirs)]
+    needed = {k for _, keys, _ in PANELS for k in keys}
+    for d, (_, recs) in zip(run_dirs, runs):
+        missing = sorted({k for r in recs for k in needed if k not in r})
+        if missing:
+            raise ValueError(f"{Path(d) / 'metrics.jsonl'}: records without {', '.join(missing)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
