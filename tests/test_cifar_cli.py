@@ -192,3 +192,12 @@ def test_draw_curve_writes_pngs(tiny_args, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "draw_curve.py"), str(tmp_path / "runs" / "p"),
                         "-o", str(tmp_path / "png2")], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "records without test_acc1, train_acc1, train_loss" in r.stderr
+
+
+def test_a_model_built_for_another_image_size_is_a_usage_error(tiny_args, capsys):
+    args = tiny_args()
+    i = args.index("--model-opt")
+    del args[i:i + 2]  # the tiny ResNet's width=4
+    assert main(args + ["-m", "MLPMixer", "--model-opt", "image_size=64"]) == 2
+    err = capsys.readouterr().err
+    assert "--model MLPMixer --model-opt image_size=64 does not take 32x32 images" in err

@@ -311,11 +311,22 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def make_model(args: argparse.Namespace, num_classes: int, in_channels: int):
+    import torch
+
     import bfp.models
     try:
-        return bfp.models.create(args.model, num_classes, in_channels, **dict(args.model_opt))
+        model = bfp.models.create(args.model, num_classes, in_channels, **dict(args.model_opt))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # Every dataset here is 32x32: a model built for another size (MLPMixer's
+    # image_size) fails now with its options named, not mid-training.
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(2, in_channels, 32, 32))
+    except RuntimeError as e:
+        opts = " ".join(f"--model-opt {k}={v}" for k, v in args.model_opt) or "(no --model-opt)"
+        raise UsageError(f"--model {args.model} {opts} does not take 32x32 images: {e}") from None
+    return model.train()
 
 
 def convert(model, config: Any, flag: str):
