@@ -20,10 +20,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import scalar
-from .scalar import build
+from .scalar import EXP_INF, MAG, build
 
-_MAG = 0x7FFFFFFF
-_INF = 0x7F800000
 
 
 @njit(inline="always")
@@ -53,9 +51,9 @@ def _count(xs, os, n):
     nz = 0
     zc = 0
     for j in range(n):
-        nzi = (np.int64(xs[j]) & _MAG) != 0
+        nzi = (np.int64(xs[j]) & MAG) != 0
         nz += nzi
-        zc += nzi & ((np.int64(os[j]) & _MAG) == 0)
+        zc += nzi & ((np.int64(os[j]) & MAG) == 0)
     return nz, zc
 
 
@@ -113,8 +111,8 @@ def kernels(KIND: int, MODE: int):
                     for row in rows:
                         xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
                         for j in range(n3):
-                            m = np.int64(xs[j]) & _MAG
-                            tmax = max(tmax, m if m < _INF else 0)
+                            m = np.int64(xs[j]) & MAG
+                            tmax = max(tmax, m if m < EXP_INF else 0)
                     c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
                                                   maxkept, emaxq)
                     for row in rows:
@@ -131,8 +129,8 @@ def kernels(KIND: int, MODE: int):
                 for row in rows:
                     xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
                     for j in range(w):
-                        m = np.int64(xs[j]) & _MAG
-                        colmax[j] = max(colmax[j], m if m < _INF else 0)
+                        m = np.int64(xs[j]) & MAG
+                        colmax[j] = max(colmax[j], m if m < EXP_INF else 0)
                 for a3 in range(0, w, G3):
                     b3 = min(a3 + G3, w)
                     tmax = 0

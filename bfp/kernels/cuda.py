@@ -15,10 +15,8 @@ import numpy as np
 import torch
 from numba import config, cuda
 
-from .scalar import build
+from .scalar import EXP_INF, MAG, build
 
-_MAG = 0x7FFFFFFF
-_INF = 0x7F800000
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 THREADS = 16 if SIMULATOR else 256  # simulated threads are Python threads: keep few
 
@@ -44,8 +42,8 @@ def _quant_one(xb, ob, i, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_na
     r = _rand32(k0, k1, np.int64(i)) if mode == 2 else 0
     o = _elem(b, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
     _store(ob, i, o)
-    nz = (b & _MAG) != 0
-    return nz, nz and (o & _MAG) == 0
+    nz = (b & MAG) != 0
+    return nz, nz and (o & MAG) == 0
 
 
 @cuda.jit
@@ -74,8 +72,8 @@ def _tile_index(i, D1, D2, D3, G0, G1, G2, G3, n1, n2, n3):
 @cuda.jit
 def _tile_max(xb, tmax, D1, D2, D3, G0, G1, G2, G3, n1, n2, n3):
     for i in range(cuda.grid(1), xb.size, cuda.gridsize(1)):
-        m = np.int64(xb[i]) & _MAG
-        if 0 < m < _INF:
+        m = np.int64(xb[i]) & MAG
+        if 0 < m < EXP_INF:
             t = _tile_index(i, D1, D2, D3, G0, G1, G2, G3, n1, n2, n3)
             cuda.atomic.max(tmax, t, np.int32(m))
 

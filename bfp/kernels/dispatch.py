@@ -8,6 +8,7 @@ import torch
 from ..formats import Format
 from .plan import canonical_4d, rule_for, tile_for
 from .reference import quantize_reference
+from .scalar import MAG
 
 BACKENDS = ("reference", "cpu", "cuda")
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -32,8 +33,8 @@ def _check(x, fmt) -> None:
 
 
 def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
-    nz = (xb & 0x7FFFFFFF) != 0
-    return torch.stack([nz.sum(), (nz & ((ob & 0x7FFFFFFF) == 0)).sum()])
+    nz = (xb & MAG) != 0
+    return torch.stack([nz.sum(), (nz & ((ob & MAG) == 0)).sum()])
 
 
 def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,

@@ -10,9 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .plan import KIND_FIXED, SCALE_MX, SCALE_NONE, Rule
-
-EXP_INF = 0x7F800000
-QNAN = 0x7FC00000
+from .scalar import EXP_INF, MAG, QNAN
 
 
 def _ilog2(v: torch.Tensor) -> torch.Tensor:
@@ -83,7 +81,7 @@ def tile_max(m: torch.Tensor, tile: tuple[int, ...]) -> torch.Tensor:
 def quantize_bits(xb: torch.Tensor, rule: Rule, tile, keys) -> torch.Tensor:
     """Quantized float32 bits (int64) of float32 bits ``xb`` (int64, any shape)."""
     kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
-    m = xb & 0x7FFFFFFF
+    m = xb & MAG
     finite = m < EXP_INF
     mf = torch.where(finite, m, 0)
     if scale == SCALE_NONE:

@@ -12,6 +12,7 @@ Notation: ``m`` is the magnitude bits of a finite float32 (``bits & 0x7fffffff``
 
 import builtins
 
+MAG = 0x7FFFFFFF  # magnitude bits of a float32
 EXP_INF = 0x7F800000
 QNAN = 0x7FC00000
 
