@@ -14,7 +14,7 @@ from importlib import import_module
 from .formats import (BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding,
                       format_from_dict, format_from_name, format_names)
 from .kernels import quantize, zero_setting_error
-from .precision import POINTS, LayerPrecision
+from .precision import POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 
 __version__ = "0.1.0"
 
@@ -26,7 +26,6 @@ _LAZY = {
     "ConfigError": "bfp.config", "NetConfig": "bfp.config", "load_config": "bfp.config",
     "QLinear": "bfp.layers", "QConv1d": "bfp.layers", "QConv2d": "bfp.layers",
     "QMatmul": "bfp.layers", "Matmul": "bfp.layers", "QUANTIZED_TYPES": "bfp.layers",
-    "Accumulator": "bfp.accumulate", "accumulator_from_dict": "bfp.accumulate",
     "accumulate_matmul": "bfp.accumulate", "accumulate_matmul_reference": "bfp.accumulate",
     "DynamicPrecision": "bfp.dynamic",
 }
@@ -40,4 +39,4 @@ def __getattr__(name):
 
 __all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "Overflow", "Rounding",
            "format_from_dict", "format_from_name", "format_names", "quantize",
-           "zero_setting_error", "POINTS", "LayerPrecision", *_LAZY]
+           "zero_setting_error", "POINTS", "LayerPrecision", "Accumulator", "accumulator_from_dict", *_LAZY]

@@ -37,79 +37,19 @@ order ``(c, kh, kw)`` forward, ``(o, kh, kw)`` for the input gradient and
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .formats import Float, format_from_dict
 from .kernels import quantize
+# The accumulator spec is a value type beside LayerPrecision; exported here too.
+from .precision import GEMMS, Accumulator, accumulator_from_dict  # noqa: F401
 
-GEMMS = ("forward", "input_grad", "weight_grad")
 # Chunk partial sums are materialised in slabs of at most this many elements
 # (4 MiB of float32): one chunk at a time for large outputs, so the working set stays
 # in cache, many chunks per GEMM call for small ones, so Python overhead stays low.
 _SLAB_ELEMENTS = 1 << 20
-
-
-@dataclass(frozen=True)
-class Accumulator:
-    """An emulated accumulator: partial sums rounded to ``fmt``.
-
-    ``chunk``: reduction elements summed in float32 before each rounding of the
-    running sum (``1`` = round after every product and every add). ``kahan``:
-    compensated summation in ``fmt``. ``gemms``: which GEMMs of a layer use it,
-    any of ``"forward"``, ``"input_grad"``, ``"weight_grad"`` (all by default:
-    a narrow accumulator in hardware serves every GEMM it runs).
-    """
-
-    fmt: Float
-    chunk: int = 32
-    kahan: bool = False
-    gemms: tuple[str, ...] = GEMMS
-
-    def __post_init__(self):
-        if not isinstance(self.fmt, Float):
-            raise ValueError(f"Accumulator fmt must be a Float format, got {self.fmt!r}")
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise ValueError(f"Accumulator chunk must be a positive integer, got {self.chunk!r}")
-        if not isinstance(self.kahan, bool):
-            raise ValueError(f"Accumulator kahan must be True or False, got {self.kahan!r}")
-        gemms = (self.gemms,) if isinstance(self.gemms, str) else self.gemms
-        try:
-            gemms = tuple(gemms)
-        except TypeError:
-            raise ValueError(f"Accumulator gemms must be a sequence of names, got {self.gemms!r}") from None
-        bad = [g for g in gemms if g not in GEMMS]
-        if bad or not gemms:
-            raise ValueError(f"Accumulator gemms {list(gemms)!r} invalid; allowed: a non-empty subset "
-                             f"of {', '.join(GEMMS)}")
-        object.__setattr__(self, "gemms", tuple(g for g in GEMMS if g in gemms))
-
-    def uses(self, gemm: str) -> bool:
-        return gemm in self.gemms
-
-    def __repr__(self) -> str:
-        extra = ", kahan=True" if self.kahan else ""
-        extra += "" if self.gemms == GEMMS else f", gemms={list(self.gemms)}"
-        return f"Accumulator(e{self.fmt.exp}m{self.fmt.man}, chunk={self.chunk}{extra})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"fmt": self.fmt.to_dict(), "chunk": self.chunk, "kahan": self.kahan,
-                "gemms": list(self.gemms)}
-
-
-def accumulator_from_dict(d: dict[str, Any]) -> Accumulator:
-    """Inverse of ``Accumulator.to_dict``; unknown keys are rejected by name."""
-    if not isinstance(d, dict) or "fmt" not in d:
-        raise ValueError(f"an accumulator dict needs a 'fmt' key, got {d!r}")
-    unknown = set(d) - {"fmt", "chunk", "kahan", "gemms"}
-    if unknown:
-        raise ValueError(f"unknown accumulator keys {sorted(unknown)}; allowed: fmt, chunk, kahan, gemms")
-    kw = dict(d)
-    kw["fmt"] = format_from_dict(d["fmt"])
-    return Accumulator(**kw)
 
 
 # -- matmul --------------------------------------------------------------------------

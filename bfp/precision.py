@@ -12,7 +12,10 @@ The nine points of the original simulator, for a GEMM-like layer ``y = x W``:
 ==========  ===============================================================
 
 ``LayerPrecision`` is an immutable value; layers hold one and swap it whole
-(``layer.set_format(point, fmt)`` builds the replacement).
+(``layer.set_format(point, fmt)`` builds the replacement). ``Accumulator``, the
+narrow-accumulator spec a precision may carry, is a value too and lives here so
+that this layer needs nothing above formats; ``bfp.accumulate`` runs the GEMMs
+it describes.
 """
 from __future__ import annotations
 
@@ -20,12 +23,73 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .formats import Format, format_from_dict
+from .formats import Float, Format, format_from_dict
 
 POINTS = ("fw", "fi", "fo", "bwo", "bwi", "bwg", "bio", "biw", "big")
 # Points whose formats the dynamic controller moves together.
 LINKED_PAIRS = (("fw", "fi"), ("bio", "biw"), ("bwo", "bwi"))
 BACKWARD_SOURCES = ("full", "quantized")
+# The GEMMs of a layer that an Accumulator can serve.
+GEMMS = ("forward", "input_grad", "weight_grad")
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """An emulated accumulator: partial sums rounded to ``fmt``.
+
+    ``chunk``: reduction elements summed in float32 before each rounding of the
+    running sum (``1`` = round after every product and every add). ``kahan``:
+    compensated summation in ``fmt``. ``gemms``: which GEMMs of a layer use it,
+    any of ``"forward"``, ``"input_grad"``, ``"weight_grad"`` (all by default:
+    a narrow accumulator in hardware serves every GEMM it runs).
+    """
+
+    fmt: Float
+    chunk: int = 32
+    kahan: bool = False
+    gemms: tuple[str, ...] = GEMMS
+
+    def __post_init__(self):
+        if not isinstance(self.fmt, Float):
+            raise ValueError(f"Accumulator fmt must be a Float format, got {self.fmt!r}")
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ValueError(f"Accumulator chunk must be a positive integer, got {self.chunk!r}")
+        if not isinstance(self.kahan, bool):
+            raise ValueError(f"Accumulator kahan must be True or False, got {self.kahan!r}")
+        gemms = (self.gemms,) if isinstance(self.gemms, str) else self.gemms
+        try:
+            gemms = tuple(gemms)
+        except TypeError:
+            raise ValueError(f"Accumulator gemms must be a sequence of names, got {self.gemms!r}") from None
+        bad = [g for g in gemms if g not in GEMMS]
+        if bad or not gemms:
+            raise ValueError(f"Accumulator gemms {list(gemms)!r} invalid; allowed: a non-empty subset "
+                             f"of {', '.join(GEMMS)}")
+        object.__setattr__(self, "gemms", tuple(g for g in GEMMS if g in gemms))
+
+    def uses(self, gemm: str) -> bool:
+        return gemm in self.gemms
+
+    def __repr__(self) -> str:
+        extra = ", kahan=True" if self.kahan else ""
+        extra += "" if self.gemms == GEMMS else f", gemms={list(self.gemms)}"
+        return f"Accumulator(e{self.fmt.exp}m{self.fmt.man}, chunk={self.chunk}{extra})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fmt": self.fmt.to_dict(), "chunk": self.chunk, "kahan": self.kahan,
+                "gemms": list(self.gemms)}
+
+
+def accumulator_from_dict(d: dict[str, Any]) -> Accumulator:
+    """Inverse of ``Accumulator.to_dict``; unknown keys are rejected by name."""
+    if not isinstance(d, dict) or "fmt" not in d:
+        raise ValueError(f"an accumulator dict needs a 'fmt' key, got {d!r}")
+    unknown = set(d) - {"fmt", "chunk", "kahan", "gemms"}
+    if unknown:
+        raise ValueError(f"unknown accumulator keys {sorted(unknown)}; allowed: fmt, chunk, kahan, gemms")
+    kw = dict(d)
+    kw["fmt"] = format_from_dict(d["fmt"])
+    return Accumulator(**kw)
 
 
 def check_point(point: str) -> str:
@@ -44,7 +108,7 @@ class LayerPrecision:
     that keeps only the quantized forward copies (``bwi`` then starts from the
     ``fi``-quantized input, ``biw`` from the ``fw``-quantized weight).
 
-    ``accumulator``: an accumulator-emulation spec (``bfp.accumulate``) used by
+    ``accumulator``: an ``Accumulator`` (emulated by ``bfp.accumulate``) used by
     the layer's GEMMs, or ``None`` for ordinary float32 accumulation.
     """
 
@@ -58,18 +122,16 @@ class LayerPrecision:
     biw: Optional[Format] = None
     big: Optional[Format] = None
     backward_source: str = "full"
-    accumulator: Any = None
+    accumulator: Optional[Accumulator] = None
 
     def __post_init__(self):
         for p in POINTS:
             f = getattr(self, p)
             if f is not None and not isinstance(f, Format):
                 raise ValueError(f"point {p!r} needs a Format or None, got {f!r}")
-        if self.accumulator is not None:
-            from .accumulate import Accumulator  # lazy: the layer above formats
-            if not isinstance(self.accumulator, Accumulator):
-                raise ValueError(f"accumulator must be a bfp.accumulate.Accumulator or None, "
-                                 f"got {self.accumulator!r}")
+        if self.accumulator is not None and not isinstance(self.accumulator, Accumulator):
+            raise ValueError(f"accumulator must be a bfp.accumulate.Accumulator or None, "
+                             f"got {self.accumulator!r}")
         if self.backward_source not in BACKWARD_SOURCES:
             raise ValueError(f"backward_source must be one of {BACKWARD_SOURCES}, "
                              f"got {self.backward_source!r}")
@@ -101,7 +163,6 @@ class LayerPrecision:
         kw: dict[str, Any] = {p: (None if d.get(p) is None else format_from_dict(d[p])) for p in POINTS}
         kw["backward_source"] = d.get("backward_source", "full")
         if d.get("accumulator") is not None:
-            from .accumulate import accumulator_from_dict  # lazy: layer above formats
             kw["accumulator"] = accumulator_from_dict(d["accumulator"])
         return cls(**kw)
 
