@@ -19,17 +19,16 @@ from typing import Any, Optional
 import torch.nn as nn
 
 from . import layers as L
-from .config import (LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, legacy_dict, legacy_entry,
-                     load_config)
+from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, legacy_dict,
+                     legacy_entry, load_config)
 from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
 from .precision import POINTS, LayerPrecision
 
 __all__ = ["convert", "conversion_report", "precision_state", "load_precision_state",
            "generate_config", "convertible_layers"]
 
-# Float class -> Q class, and Q class -> the type name configs use.
-_FLOAT_TO_Q: dict[type, type] = {**L.QUANTIZED_TYPES, L.Matmul: L.QMatmul}
-_Q_TYPE_NAME = {q: f.__name__ for f, q in _FLOAT_TO_Q.items()}
+# Q class -> the type name configs use, from bfp.layers' one list (float class -> Q class).
+_Q_TYPE_NAME = {q: f.__name__ for f, q in L.CONVERTIBLE.items()}
 
 
 def _type_name(module: nn.Module) -> Optional[str]:
@@ -39,7 +38,7 @@ def _type_name(module: nn.Module) -> Optional[str]:
         if isinstance(module, q):
             return name
     f = type(module)  # exact type: a subclass may compute something else
-    return f.__name__ if f in _FLOAT_TO_Q else None
+    return f.__name__ if f in L.CONVERTIBLE else None
 
 
 def _is_quantized(module: nn.Module) -> bool:
@@ -90,7 +89,7 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
             if _is_quantized(module):
                 module.set_precision(precision if precision is not None else LayerPrecision())
             elif precision is not None and precision.enabled:
-                decided[id(module)] = _FLOAT_TO_Q[type(module)].from_float(module, precision)
+                decided[id(module)] = L.CONVERTIBLE[type(module)].from_float(module, precision)
             decided.setdefault(id(module), module)
         new = decided[id(module)]
         if new is module:
@@ -167,7 +166,7 @@ def conversion_report(model: nn.Module) -> str:
             row.append(repr(prec.accumulator) if prec and prec.accumulator else "-")
         rows.append(row)
     if not entries:
-        return "no convertible layers (Conv1d, Conv2d, Linear, Matmul)"
+        return f"no convertible layers ({', '.join(CONVERTIBLE_TYPES)})"
     summary = (f"{n_on} of {len(entries)} convertible layers quantized "
                f"({n_q} converted, {len(entries) - n_on} in full precision)")
     return _table(header, rows) + "\n" + summary

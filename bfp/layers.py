@@ -28,7 +28,7 @@ from . import functional as bfpF
 from .formats import Format, format_from_name
 from .precision import LayerPrecision
 
-__all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "QUANTIZED_TYPES"]
+__all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "CONVERTIBLE", "QUANTIZED_TYPES"]
 
 
 def _check_precision(precision: Optional[LayerPrecision]) -> LayerPrecision:
@@ -181,4 +181,8 @@ class QMatmul(_QuantizedMixin, nn.Module):
         return self._precision_repr()
 
 
-QUANTIZED_TYPES = {nn.Conv1d: QConv1d, nn.Conv2d: QConv2d, nn.Linear: QLinear}
+# The one list of convertible layer types: float class -> its quantized twin, in
+# the order configs and reports name them. Conversion and config derive from it.
+CONVERTIBLE: dict[type, type] = {nn.Conv1d: QConv1d, nn.Conv2d: QConv2d, nn.Linear: QLinear, Matmul: QMatmul}
+# The torch.nn layers among them (Matmul is bfp's own module).
+QUANTIZED_TYPES = {f: q for f, q in CONVERTIBLE.items() if f is not Matmul}
