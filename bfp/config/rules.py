@@ -1,0 +1,221 @@
+"""``Rule`` and ``NetConfig``, the typed objects both JSON forms load into, and
+the parser of the rule form (``{"version": 1, "rules": [...]}``).
+
+``NetConfig`` holds the ordered rules and resolves them to a
+``LayerPrecision`` (or ``None`` = full precision) per module name. It knows
+module names and type names only; swapping modules is ``bfp.convert``'s job.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from ..layers import CONVERTIBLE
+from ..precision import LayerPrecision
+from .errors import ConfigError, _fail, _suggest, _unknown_keys
+from .specs import FULL, INHERITED_KEYS, parse_precision, precision_spec
+
+# Module types a config can address: the float type names of bfp.layers' Q-layers.
+CONVERTIBLE_TYPES = tuple(f.__name__ for f in CONVERTIBLE)
+# The original simulator's module-name prefix: a rule naming "net.conv1" also matches "conv1".
+LEGACY_PREFIX = "net."
+
+MATCH_KINDS = ("exact", "glob", "regex", "first", "last")
+
+
+def _match_kind(pattern: str) -> str:
+    if pattern.startswith("re:"):
+        return "regex"
+    if pattern in ("@first", "@last"):
+        return pattern[1:]
+    return "glob" if any(c in pattern for c in "*?[") else "exact"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Layers whose name matches ``match`` (and whose type is in ``types``, if
+    given) get ``precision`` (``None`` = full precision).
+
+    ``match``: a module name (exact), a glob (``layer*.conv1``, fnmatch on the
+    whole name), ``re:<regex>`` (full match), or ``@first``/``@last`` (the
+    first/last convertible module in registration order). A leading ``net.``
+    (the original's prefix) also matches names without it. ``required``: a
+    rule that matches no module is an error unless False.
+    """
+
+    match: str
+    precision: Optional[LayerPrecision]
+    types: tuple[str, ...] = ()
+    required: bool = True
+    where: str = ""
+    kind: str = ""
+
+    def __post_init__(self):
+        if not isinstance(self.match, str) or not self.match:
+            raise ValueError(f"rule match must be a non-empty string, got {self.match!r}")
+        object.__setattr__(self, "kind", self.kind or _match_kind(self.match))
+        if self.kind not in MATCH_KINDS:
+            raise ValueError(f"rule kind {self.kind!r} unknown; allowed: {', '.join(MATCH_KINDS)}")
+        if self.kind == "regex":
+            try:
+                re.compile(self.match[3:])
+            except re.error as e:
+                raise ValueError(f"bad regular expression {self.match[3:]!r}: {e}") from None
+        types = (self.types,) if isinstance(self.types, str) else self.types
+        if not isinstance(types, (list, tuple)):
+            raise ValueError(f"rule types must be a list of type names, got {self.types!r}; allowed: "
+                             f"{', '.join(CONVERTIBLE_TYPES)}")
+        types = tuple(types)
+        bad = [t for t in types if t not in CONVERTIBLE_TYPES]
+        if bad:
+            raise ValueError(f"rule types {bad} unknown; allowed: {', '.join(CONVERTIBLE_TYPES)}")
+        object.__setattr__(self, "types", types)
+        if self.precision is not None and not isinstance(self.precision, LayerPrecision):
+            raise ValueError(f"rule precision must be a LayerPrecision or None, got {self.precision!r}")
+
+    def matches(self, name: str, type_name: Optional[str] = None, order: tuple[str, ...] = ()) -> bool:
+        if self.types and type_name not in self.types:
+            return False
+        if self.kind in ("first", "last"):
+            return bool(order) and name == order[0 if self.kind == "first" else -1]
+        pats = [self.match[3:] if self.kind == "regex" else self.match]
+        if self.kind != "regex" and pats[0].startswith(LEGACY_PREFIX):
+            pats.append(pats[0][len(LEGACY_PREFIX):])
+        for pat in pats:
+            if (self.kind == "exact" and name == pat or self.kind == "glob" and fnmatch.fnmatchcase(name, pat)
+                    or self.kind == "regex" and re.fullmatch(pat, name)):
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class NetConfig:
+    """Ordered rules (first match wins) and the precision of convertible
+    layers that no rule matches (``default``; ``None`` leaves them alone).
+
+    ``source`` names where it came from (a path, a preset, ``<dict>``) in
+    error messages.
+    """
+
+    rules: tuple[Rule, ...] = ()
+    default: Optional[LayerPrecision] = None
+    source: str = "<dict>"
+    description: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "rules", tuple(self.rules))
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise ValueError(f"NetConfig rules must be Rule objects, got {r!r}")
+
+    def resolve(self, name: str, type_name: Optional[str] = None,
+                order: tuple[str, ...] = ()) -> Optional[LayerPrecision]:
+        """The precision of the layer called ``name`` (``None`` = full precision)."""
+        for rule in self.rules:
+            if rule.matches(name, type_name, order):
+                return rule.precision
+        return self.default
+
+    def assign(self, layers: Mapping[str, str], modules: Optional[Mapping[str, str]] = None
+               ) -> dict[str, Optional[LayerPrecision]]:
+        """Precision per convertible layer: ``layers`` maps each name to its type
+        name (``Conv2d``, ``Linear``, ...), in registration order.
+
+        Raises ``ConfigError`` naming every required rule that matches no
+        layer, with the closest real names; ``modules`` (every module name ->
+        class name) lets the message say when a name is a module of a type
+        that cannot be converted.
+        """
+        order = tuple(layers)
+        used: set[int] = set()
+        out: dict[str, Optional[LayerPrecision]] = {}
+        for name, type_name in layers.items():
+            out[name] = self.default
+            for i, rule in enumerate(self.rules):
+                if rule.matches(name, type_name, order):
+                    used.add(i)
+                    out[name] = rule.precision
+                    break
+        problems = []
+        for i, rule in enumerate(self.rules):
+            if i in used or not rule.required:
+                continue
+            if any(rule.matches(n, t, order) for n, t in layers.items()):
+                problems.append(f"{rule.where or repr(rule.match)}: every layer it matches is taken by an "
+                                "earlier rule (first match wins)")
+                continue
+            plain = rule.match[len(LEGACY_PREFIX):] if rule.match.startswith(LEGACY_PREFIX) else rule.match
+            what = f"{rule.where or repr(rule.match)}"
+            if modules and rule.kind == "exact" and (plain in modules or rule.match in modules):
+                cls = modules.get(plain) or modules.get(rule.match)
+                problems.append(f"{what}: module {plain!r} is a {cls}, which cannot be converted "
+                                f"(convertible: {', '.join(CONVERTIBLE_TYPES)})")
+            else:
+                typed = f" of type {'/'.join(rule.types)}" if rule.types else ""
+                problems.append(f"{what}: matches no convertible layer{typed} of the model"
+                                f"{_suggest(plain, layers)}")
+        if problems:
+            hint = ("; convertible layers: " + ", ".join(list(layers)[:12])
+                    + (", ..." if len(layers) > 12 else "") if layers else "; the model has no convertible layer")
+            if not used and len(problems) > 1:
+                hint += "; no rule matched anything: is this config written for another model?"
+            raise ConfigError(f"{self.source}: " + "; ".join(problems) + hint
+                              + " (a rule with \"required\": false may match nothing)")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule form (formats as saved dicts) that ``load_config`` loads back."""
+        rules = []
+        for r in self.rules:
+            d: dict[str, Any] = {"match": r.match, "precision": precision_spec(r.precision)}
+            if r.types:
+                d["types"] = list(r.types)
+            if not r.required:
+                d["required"] = False
+            rules.append(d)
+        out: dict[str, Any] = {"version": 1}
+        if self.description:
+            out["description"] = self.description
+        out["default"] = precision_spec(self.default)
+        out["rules"] = rules
+        return out
+
+
+# -- the rule form ------------------------------------------------------------------
+
+NEW_KEYS = ("version", "description", "default", "rules", "rounding", "backward_source", "accumulator")
+RULE_KEYS = ("match", "precision", "types", "required")
+
+
+def _parse_rules_form(d: dict, source: str) -> NetConfig:
+    _unknown_keys(d, NEW_KEYS, source, "")
+    if d.get("version", 1) != 1:
+        raise _fail(source, "version", f"{d['version']!r} unsupported; allowed: 1")
+    desc = d.get("description", "")
+    if not isinstance(desc, str):
+        raise _fail(source, "description", f"must be a string, got {desc!r}")
+    inherited = {k: d[k] for k in INHERITED_KEYS if k in d}
+    default = parse_precision(d.get("default", FULL), inherited, source, "default")
+    raw = d.get("rules", [])
+    if not isinstance(raw, list):
+        raise _fail(source, "rules", f"must be a list of {{\"match\": .., \"precision\": ..}} objects, got {raw!r}")
+    rules = []
+    for i, r in enumerate(raw):
+        where = f"rules[{i}]"
+        if not isinstance(r, dict):
+            raise _fail(source, where, f"must be an object with keys {', '.join(RULE_KEYS)}, got {r!r}")
+        _unknown_keys(r, RULE_KEYS, source, where)
+        for key in ("match", "precision"):
+            if key not in r:
+                raise _fail(source, where, f"missing {key!r}; a rule needs \"match\" and \"precision\"")
+        required = r.get("required", True)
+        if not isinstance(required, bool):
+            raise _fail(source, f"{where}.required", f"{required!r} invalid; allowed: true, false")
+        prec = parse_precision(r["precision"], inherited, source, f"{where}.precision")
+        try:
+            rules.append(Rule(r["match"], prec, r.get("types", ()), required, f"{where} {r['match']!r}"))
+        except ValueError as e:
+            raise _fail(source, where, str(e)) from None
+    return NetConfig(tuple(rules), default, source, desc)

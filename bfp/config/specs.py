@@ -1,0 +1,168 @@
+"""The rule form's values: format specs and precision specs.
+
+A format is a name (``"fb16"``) or a spec object (``{"bfp": 4, "group": [..]}``,
+``{"float": [4, 3]}``, ``{"mx": "e2m1"}``, ``{"name": .., "rounding": ..}``,
+or a saved ``Format.to_dict()``); a precision is ``"full"``, a format for the
+six GEMM operands, or an object of per-point formats and options. Both parse
+to the value types of ``bfp.formats`` and ``bfp.precision`` and write back
+(``precision_spec``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Union
+
+from ..formats import MX, BlockFloat, Float, Format, format_from_dict, format_from_name
+from ..precision import BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict
+from .errors import ConfigError, _fail, _unknown_keys
+
+# The six GEMM operands (``"operands"`` in the rule form sets all of them).
+OPERANDS = ("fw", "fi", "bwo", "bwi", "bio", "biw")
+FULL = "full"  # the precision value that keeps a layer in full precision
+
+
+FORMAT_SPEC_KEYS = {
+    "bfp": ("bfp", "group", "rounding"),
+    "float": ("float", "rounding", "subnormals", "overflow", "encoding"),
+    "mx": ("mx", "block", "axis", "rounding"),
+    "name": ("name", "rounding"),
+}
+_FORMAT_ALLOWED = ("a format name (bfp.format_names(), e.g. 'fb16', 'float8_e4m3fn', 'mxfp8_e4m3'), "
+                   "null, or an object {\"bfp\": bits, \"group\": [..]}, {\"float\": [exp, man]}, "
+                   "{\"mx\": element, \"block\": 32, \"axis\": -1}, {\"name\": name, \"rounding\": ..} "
+                   "or a saved format dict with \"kind\"")
+
+
+def with_rounding(fmt: Format, rounding: str) -> Format:
+    """``fmt`` with its rounding mode replaced (an MX format's element rounding)."""
+    if isinstance(fmt, (Float, BlockFloat)):
+        return dataclasses.replace(fmt, rounding=rounding)
+    if isinstance(fmt, MX):
+        if not isinstance(fmt.element, Float):
+            if rounding != "nearest":
+                raise ValueError(f"MX int8 elements round to nearest only, got rounding={rounding!r}")
+            return fmt
+        return dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding=rounding))
+    raise ValueError(f"cannot set rounding on {fmt!r}")
+
+
+def _float_element(value: Any) -> Union[Float, str]:
+    if value == "int8":
+        return value
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return Float(*value)
+    el = format_from_name(value)
+    if not isinstance(el, Float):
+        raise ValueError(f"{value!r} is not a Float format")
+    return el
+
+
+def parse_format(value: Any, rounding: Optional[str] = None, source: str = "<dict>",
+                 where: str = "") -> Optional[Format]:
+    """A format name or spec (see ``_FORMAT_ALLOWED``) as a ``Format``; ``None`` for null.
+
+    ``rounding``, when given, replaces the rounding of a named format and is
+    the default of a spec that does not set its own.
+    """
+    try:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            fmt = format_from_name(value)
+            return fmt if rounding is None else with_rounding(fmt, rounding)
+        if not isinstance(value, dict):
+            raise ValueError(f"{value!r} is not a format")
+        if "kind" in value:  # a saved Format.to_dict(): complete as it stands
+            return format_from_dict(value)
+        family = [k for k in FORMAT_SPEC_KEYS if k in value]
+        if len(family) != 1:
+            raise ValueError(f"{value!r} needs exactly one of {', '.join(repr(k) for k in FORMAT_SPEC_KEYS)}")
+        family = family[0]
+        _unknown_keys(value, FORMAT_SPEC_KEYS[family], source, where)
+        rnd = value.get("rounding", rounding)
+        opts = {k: v for k, v in value.items() if k not in (family, "rounding")}
+        if family == "bfp":
+            if "group" not in opts:
+                raise ValueError("a {\"bfp\": bits} spec needs \"group\": [..], e.g. [1,16,1,1]")
+            fmt: Format = BlockFloat(value["bfp"], opts["group"])
+        elif family == "float":
+            f = value["float"]
+            base = Float(*f) if isinstance(f, (list, tuple)) and len(f) == 2 else _float_element(f)
+            if not isinstance(base, Float):
+                raise ValueError(f"'float' needs [exp, man] or a Float format name, got {f!r}")
+            fmt = dataclasses.replace(base, **opts)
+        elif family == "mx":
+            fmt = MX(_float_element(value["mx"]), **opts)
+        else:
+            fmt = format_from_name(value["name"])
+        return fmt if rnd is None else with_rounding(fmt, rnd)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise _fail(source, where, f"{e}; allowed: {_FORMAT_ALLOWED}") from None
+
+
+SPEC_KEYS = POINTS + ("operands", "rounding", "backward_source", "accumulator")
+INHERITED_KEYS = ("rounding", "backward_source", "accumulator")
+
+
+def parse_precision(value: Any, inherited: Optional[Mapping[str, Any]] = None, source: str = "<dict>",
+                    where: str = "") -> Optional[LayerPrecision]:
+    """A precision spec of the rule form as a ``LayerPrecision``; ``None`` for ``"full"``/null.
+
+    A string other than ``"full"`` is a format for all six GEMM operands. An
+    object takes ``operands`` (fw, fi, bwo, bwi, bio, biw), the nine point
+    keys (which override ``operands``; null = off), ``rounding``,
+    ``backward_source`` and ``accumulator``; the last three default to the
+    config's top-level values (``inherited``).
+    """
+    if value is None or value == FULL:
+        return None
+    if isinstance(value, str):
+        value = {"operands": value}
+    if not isinstance(value, dict):
+        raise _fail(source, where, f"precision {value!r} invalid; allowed: \"full\", null, a format name, "
+                                   f"or an object with keys {', '.join(SPEC_KEYS)}")
+    _unknown_keys(value, SPEC_KEYS, source, where)
+    spec = {**(inherited or {}), **value}
+    rounding = spec.get("rounding")
+    if rounding is not None and rounding not in ("truncate", "nearest", "stochastic"):
+        raise _fail(source, f"{where}.rounding", f"{rounding!r} unknown; allowed: 'truncate', 'nearest', 'stochastic'")
+    kw: dict[str, Any] = {}
+    ops = parse_format(value.get("operands"), rounding, source, f"{where}.operands")
+    for p in POINTS:
+        if p in value:
+            kw[p] = parse_format(value[p], rounding, source, f"{where}.{p}")
+        elif p in OPERANDS:
+            kw[p] = ops
+    bsrc = spec.get("backward_source", "full")
+    if bsrc not in BACKWARD_SOURCES:
+        raise _fail(source, f"{where}.backward_source", f"{bsrc!r} unknown; allowed: {', '.join(BACKWARD_SOURCES)}")
+    kw["backward_source"] = bsrc
+    kw["accumulator"] = parse_accumulator(spec.get("accumulator"), source, f"{where}.accumulator")
+    try:
+        return LayerPrecision(**kw)
+    except ValueError as e:
+        raise _fail(source, where, str(e)) from None
+
+
+def parse_accumulator(value: Any, source: str = "<dict>", where: str = "") -> Optional[Accumulator]:
+    """``{"fmt": <format name or spec>, "chunk": 32, "kahan": false, "gemms": [...]}`` or null."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or "fmt" not in value:
+        raise _fail(source, where, f"{value!r} invalid; allowed: null or {{\"fmt\": format, \"chunk\": int, "
+                                   "\"kahan\": bool, \"gemms\": [\"forward\", \"input_grad\", \"weight_grad\"]}")
+    fmt = parse_format(value["fmt"], None, source, f"{where}.fmt")
+    try:
+        return accumulator_from_dict({**value, "fmt": fmt.to_dict()})
+    except ValueError as e:
+        raise _fail(source, where, str(e)) from None
+
+
+def precision_spec(precision: Optional[LayerPrecision]) -> Any:
+    """The rule-form spec that ``parse_precision`` loads back as ``precision``."""
+    if precision is None:
+        return FULL
+    d = precision.to_dict()
+    return {k: v for k, v in d.items() if k in POINTS or v is not None}
