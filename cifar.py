@@ -4,11 +4,12 @@
     python cifar.py --mode train --model ResNet18 --dataset CIFAR100 --log True --bfp ResNet18_FB24
     python cifar.py --dataset digits --bfp ResNet18_FB16 --compare True   # offline, a few minutes
 
-Everything lives in bfp.engine (flags: bfp/engine/cli.py); `--help` lists the flags.
+The flags live in bfp/cli/flags.py, the run in bfp/cli/run.py; `--help` lists the flags.
+`bfp cifar ARGS` does the same.
 """
 import sys
 
-from bfp.engine.cli import main
+from bfp.cli import run_task
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_task("cifar"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bfp.engine import checkpoint as ckpt
-from bfp.engine.cli import main
+from bfp.cli import cifar as main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_args):
     for a, b in zip(resumed["optimizer"]["state"].values(), straight["optimizer"]["state"].values()):
         assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
     assert resumed["precision_state"] == straight["precision_state"]
-    assert resumed["active_precision"] == "ResNet18_FB12"
+    assert resumed["network_config"] == "ResNet18_FB12"
     assert [h["test_acc1"] for h in resumed["history"]] == [h["test_acc1"] for h in straight["history"]]
     # the interrupted run's config.json is kept; the resume writes its own beside it
     assert (killed / "config.json").is_file() and (killed / f"config.resumed-at-epoch{stopped_at}.json").is_file()
@@ -158,7 +158,7 @@ def test_dataloader_path_resumes_exactly(tmp_path):
     import bfp.models
     from bfp.engine import TrainConfig, Trainer
     from bfp.engine import data as D
-    from bfp.engine.cli import cpu_threads
+    from bfp.cli.run import cpu_threads
     g = torch.Generator().manual_seed(0)
     for split, n in (("train", 12), ("test", 4)):
         for c in range(2):

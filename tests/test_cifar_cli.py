@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bfp.engine.cli import build_parser, main
+from bfp.cli import cifar as main
+from bfp.cli.flags import build_parser
+from bfp.cli.tasks import CIFAR
 
 ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL_FLAGS = ["--mode", "-m", "--model", "-d", "--dataset", "-dp", "--dataset-path", "--bfp", "--do",
@@ -21,15 +23,15 @@ def test_help_documents_every_flag():
                          cwd=ROOT, check=True).stdout
     for flag in ORIGINAL_FLAGS + NEW_FLAGS:
         assert f"{flag} " in out or f"{flag}," in out or f"{flag}\n" in out, flag
-    for a in build_parser()._actions:
+    for a in build_parser(CIFAR)._actions:
         assert a.help, a.dest  # no flag without an explanation
 
 
 def test_original_command_parses_with_true_false_booleans():
-    a = build_parser().parse_args(["--mode", "train", "--model", "ResNet18", "--dataset", "CIFAR100",
+    a = build_parser(CIFAR).parse_args(["--mode", "train", "--model", "ResNet18", "--dataset", "CIFAR100",
                                    "--log", "True", "--bfp", "ResNet18_FB24", "--do-color", "False"])
-    assert a.log is True and a.do_color is False and a.bfp == "ResNet18_FB24"
-    assert build_parser().parse_args(["--log"]).log is True
+    assert a.log is True and a.do_color is False and a.network_config == "ResNet18_FB24"
+    assert build_parser(CIFAR).parse_args(["--log"]).log is True
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -74,7 +76,7 @@ def test_run_directory_holds_config_log_metrics_events_checkpoints(tiny_args, tm
                           "--bfp", "ResNet18_FB16", "--histograms", "True", "--run-name", "r")) == 0
     run = tmp_path / "runs" / "r"
     cfg = json.loads((run / "config.json").read_text())
-    assert cfg["args"]["bfp"] == "ResNet18_FB16" and cfg["args"]["training_epochs"] == 2
+    assert cfg["args"]["network_config"] == "ResNet18_FB16" and cfg["args"]["training_epochs"] == 2
     assert cfg["bfpsim_version"] and "git_commit" in cfg and cfg["network_config"]["config"] == "ResNet18_FB16"
     assert "layer1.0.conv1" in cfg["network_config"]["layers"]
     assert "epoch 2/2" in (run / "log.txt").read_text() and "QConv2d" in (run / "log.txt").read_text()
@@ -126,13 +128,13 @@ def test_train_config_file_presets_flags_and_rejects_unknown_keys(tiny_args, tmp
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf_train").glob("*.json")))
 def test_shipped_training_configs_parse(name, monkeypatch):
-    from bfp.engine.cli import parse_args
+    from bfp.cli.train_config import parse_args
     monkeypatch.chdir(ROOT)
-    args, plan, path = parse_args(["-tc", name])
+    args, plan, path = parse_args(CIFAR, ["-tc", name])
     plan.check_epochs(args.training_epochs, str(path))
     assert path.name == f"{name}.json"
     import bfp.models
-    from bfp.engine.cli import check_plan_configs
+    from bfp.cli.run import check_plan_configs
     small = {"width": 4} if "width" in bfp.models.options(args.model) else {}
     model = bfp.models.create(args.model, 10, **{**dict(args.model_opt), **small})
     check_plan_configs(model, plan, None, str(path))  # every scheduled network config converts the model

@@ -9,7 +9,7 @@ import bfp
 import bfp.models
 from bfp.engine import Callback, EpochPlan, TrainConfig, Trainer
 from bfp.engine import data as D
-from bfp.engine.cli import cpu_threads
+from bfp.cli.run import cpu_threads
 from bfp.engine.schedule import CosineSchedule
 
 
@@ -178,7 +178,7 @@ class Recorder(Callback):
 def _train(plan, epochs=2, callbacks=(), precision="ResNet18_FB16"):
     model = tiny_model() if precision is None else bfp.convert(tiny_model(), precision)
     t = Trainer(model, digits(), TrainConfig(epochs=epochs, lr=0.1, progress=False), plan=plan,
-                initial_precision=precision, callbacks=callbacks)
+                network_config=precision, callbacks=callbacks)
     t.fit()
     return t
 
@@ -191,7 +191,7 @@ def test_precision_switch_changes_formats_and_keeps_the_lr_schedule():
     assert rec_switch.bits == {0: 8, 1: 4}  # FB16 -> 8 mantissa bits, FB12 -> 4
     assert rec_plain.bits == {0: 8, 1: 8}
     assert rec_switch.lrs == rec_plain.lrs  # the switch did not restart the schedule
-    assert t.active_precision == "ResNet18_FB12"
+    assert t.network_config == "ResNet18_FB12"
     assert rec_switch.modes[1:] == [False]  # evaluated last; train_epoch switches back
     assert rec_switch.events[0] == "start" and rec_switch.events[-1] == "end"
     assert rec_switch.events[1][2] == sorted(["train_loss", "train_acc1", "train_acc5", "test_loss",
@@ -236,24 +236,24 @@ def test_callback_state_is_in_the_trainer_state():
     assert st["callbacks"] == {"recorder": {"n": len(rec.lrs)}}
     rec2 = Recorder()
     t2 = Trainer(bfp.convert(tiny_model(), "ResNet18_FB16"), digits(), TrainConfig(epochs=1, progress=False),
-                 callbacks=[rec2], initial_precision="ResNet18_FB16")
+                 callbacks=[rec2], network_config="ResNet18_FB16")
     t2.load_state_dict(st)
     assert rec2.loaded == {"n": len(rec.lrs)} and t2.global_step == t.global_step
 
 
 def test_bf16_autocast_trains_on_cpu():
-    t = Trainer(tiny_model(), digits(), TrainConfig(epochs=1, precision="bf16", progress=False))
+    t = Trainer(tiny_model(), digits(), TrainConfig(epochs=1, compute_dtype="bf16", progress=False))
     dtypes = set()
     t.model.conv1.register_forward_hook(lambda mod, inp, out: dtypes.add(out.dtype))
     (m,) = t.fit()
-    assert math.isfinite(m["train_loss"]) and not t.scaler.is_enabled()
+    assert math.isfinite(m["train_loss"]) and not t.amp.scaler.is_enabled()
     assert dtypes == {torch.bfloat16}  # the convolutions ran in bf16, in training and evaluation
     assert all(p.dtype == torch.float32 for p in t.model.parameters())  # master weights stay float32
 
 
 def test_fp16_uses_a_grad_scaler_starting_at_2_pow_16():
-    t = Trainer(tiny_model(), digits(), TrainConfig(epochs=1, precision="fp16", progress=False))
-    assert t.scaler.is_enabled() and t.scaler.get_scale() == 2.0 ** 16
+    t = Trainer(tiny_model(), digits(), TrainConfig(epochs=1, compute_dtype="fp16", progress=False))
+    assert t.amp.scaler.is_enabled() and t.amp.scaler.get_scale() == 2.0 ** 16
 
 
 def test_top5_with_fewer_than_five_classes():
@@ -290,7 +290,7 @@ def test_switch_to_null_config_turns_quantization_off():
             seen[epoch] = fw.bits if fw is not None else None
 
     t = _train(EpochPlan.parse({"0": "ResNet18_FB16", "1": None}, None, "t"), callbacks=[Bits()])
-    assert seen == {0: 8, 1: None} and t.active_precision is None
+    assert seen == {0: 8, 1: None} and t.network_config is None
     assert all(v["fw"] is None for v in t.state_dict()["precision_state"].values())
 
 

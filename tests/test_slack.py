@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bfp.engine.cli import main
+from bfp.cli import cifar as main
 from bfp.engine.slack import SlackNotifier, read_token
 
 TOKEN = "xoxb-test-secret-token-123"

@@ -1,19 +1,23 @@
-"""Training engine shared by the scripts (cifar.py, later imagenet.py).
+"""Training engine shared by the scripts (cifar.py, later imagenet.py); it knows no flags.
 
     data        datasets and loaders (digits, CIFAR, image folders; on-device augmentation)
     schedule    cosine learning rate, epoch-keyed precision/optimizer plans (conf_train)
-    callbacks   the Callback API (dynamic precision, Slack)
+    callbacks   the Callback API (dynamic precision and Slack plug in here)
     checkpoint  atomic save, weights-only load, RNG state
+    ranks       which process writes (rank 0)
     logs        run directory, text log, metrics, TensorBoard
     slack       Slack progress messages
+    step        one training step (the strategy a Trainer is given)
     trainer     the Trainer
     plots       loss/accuracy curves of runs (draw_curve.py)
-    cli         cifar.py's flags and run setup
+
+The command line that assembles a run from flags is ``bfp.cli``, one floor up.
 """
 from .callbacks import Callback, CallbackList
 from .checkpoint import CheckpointError
 from .schedule import CosineSchedule, EpochPlan
+from .step import PlainStep
 from .trainer import TrainConfig, Trainer
 
-__all__ = ["Callback", "CallbackList", "CheckpointError", "CosineSchedule", "EpochPlan",
+__all__ = ["Callback", "CallbackList", "CheckpointError", "CosineSchedule", "EpochPlan", "PlainStep",
            "TrainConfig", "Trainer"]

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 
 FORMAT = "bfpsim-checkpoint"
-VERSION = 1
+VERSION = 2
+# Version 1 named the network config in force "active_precision"; it loads as version 2.
+_V1_RENAMES = {"active_precision": "network_config"}
 
 
 class CheckpointError(RuntimeError):
@@ -61,9 +63,12 @@ def load(path: os.PathLike | str, map_location: Any = "cpu") -> dict[str, Any]:
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{str(path)!r} is not a bfpsim checkpoint")
+    if obj.get("version") == 1:
+        obj = {_V1_RENAMES.get(k, k): v for k, v in obj.items()}
+        obj["version"] = VERSION
     if obj.get("version") != VERSION:
         raise CheckpointError(f"checkpoint {str(path)!r} has version {obj.get('version')!r}; "
-                              f"this bfpsim reads version {VERSION}")
+                              f"this bfpsim reads versions 1 and {VERSION}")
     return obj
 
 

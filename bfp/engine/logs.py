@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from .checkpoint import atomic_file
+from .ranks import is_main
 
 
 def git_commit(cwd: Optional[os.PathLike] = None) -> Optional[str]:
@@ -53,11 +54,14 @@ class RunLog:
 
     ``writer`` is a TensorBoard ``SummaryWriter`` when ``tensorboard`` is on.
     ``redact`` strings (secrets) are replaced by ``***`` in everything written.
+    In a distributed run only rank 0 prints and writes; on other ranks it is silent
+    and has no run directory.
     """
 
     def __init__(self, run_dir: Optional[os.PathLike] = None, *, tensorboard: bool = False,
                  stream: Optional[TextIO] = None, redact: tuple[str, ...] = ()):
-        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.quiet = not is_main()
+        self.run_dir = Path(run_dir) if run_dir is not None and not self.quiet else None
         self.stream = stream if stream is not None else sys.stdout
         self.redact = tuple(r for r in redact if r)
         self._file = None
@@ -75,6 +79,8 @@ class RunLog:
         return msg
 
     def __call__(self, msg: str) -> None:
+        if self.quiet:
+            return
         msg = self._clean(str(msg))
         try:
             from tqdm import tqdm

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .callbacks import Callback
+from .ranks import is_main
 
 TOKEN_FILE = "slackbot.token"
 TOKEN_ENV = "BFP_SLACK_TOKEN"
@@ -30,7 +31,8 @@ def read_token(path: os.PathLike | str = TOKEN_FILE) -> Optional[str]:
 
 
 class SlackNotifier(Callback):
-    """Posts to ``channel``; every failure is logged through ``log`` and swallowed."""
+    """Posts to ``channel``; every failure is logged through ``log`` and swallowed.
+    In a distributed run only rank 0 posts."""
 
     name = "slack"
 
@@ -47,6 +49,8 @@ class SlackNotifier(Callback):
         self.failures = 0
 
     def send(self, text: str) -> bool:
+        if not is_main():
+            return False
         prefix = f"[{self.run_name}] " if self.run_name else ""
         try:
             self.client.chat_postMessage(channel=self.channel, text=prefix + text)

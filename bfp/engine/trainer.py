@@ -1,10 +1,12 @@
-"""The training loop: one ``Trainer`` per run, shared by cifar.py (and later imagenet.py).
+"""The training loop: one ``Trainer`` per run, shared by every script on the engine.
 
-It owns the optimizer (SGD with momentum and weight decay), the cosine
-learning-rate schedule, mixed precision (autocast + GradScaler), the epoch plan
-of precision/optimizer switches, evaluation, metrics, checkpoints and the
-callbacks. Everything that makes a run continue bit for bit after a resume is
-in ``state_dict()``.
+It owns the loop, evaluation, the cosine learning-rate schedule, the epoch
+plan of network-config/optimizer switches, metrics, checkpoints and the
+callbacks. Its collaborators are injected: an optimizer factory
+(``bfp.optim``, SGD by default), a mixed-precision policy (``bfp.amp``:
+compute dtype and loss scaler) and a step strategy (``bfp.engine.step``: what
+one batch does). Everything that makes a run continue bit for bit after a
+resume is in ``state_dict()``. Only rank 0 writes (``bfp.engine.ranks``).
 """
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import optim
+from ..amp import MixedPrecision, check_compute_dtype
+from ..conversion import conversion_report, convert, load_precision_state, precision_state
 from . import checkpoint as ckpt
 from .callbacks import Callback, CallbackList
+from .logs import RunLog
+from .ranks import is_main
 from .schedule import CosineSchedule, EpochPlan
-
-PRECISIONS = ("fp32", "fp16", "bf16")
+from .step import PlainStep
 
 
 @dataclass
@@ -33,7 +39,7 @@ class TrainConfig:
     weight_decay: float = 5e-4
     nesterov: bool = False
     warmup_epochs: float = 0.0
-    precision: str = "fp32"        # compute dtype under autocast; weights stay float32
+    compute_dtype: str = "fp32"    # fp32, fp16 or bf16 under autocast (bfp.amp); weights stay float32
     label_smoothing: float = 0.0
     save_interval: int = 0         # also keep epoch_<n>.pt every n epochs (0: only last/best)
     histograms: bool = False       # weight histograms in TensorBoard each epoch
@@ -42,8 +48,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.epochs < 1:
             raise ValueError(f"--training-epochs must be >= 1, got {self.epochs}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"--precision {self.precision!r}: allowed {', '.join(PRECISIONS)}")
+        check_compute_dtype(self.compute_dtype)
         for what, v in (("--optim-lr", self.lr), ("--optim-momentum", self.momentum),
                         ("--optim-weight-decay", self.weight_decay), ("--warmup-epochs", self.warmup_epochs),
                         ("--save-interval", self.save_interval)):
@@ -62,8 +67,7 @@ FP32_CONFIG = {"version": 1, "default": "full"}
 
 def convert_model(model: nn.Module, config: Any) -> nn.Module:
     """``bfp.convert(model, config)``; ``config`` None means FP32."""
-    import bfp
-    return bfp.convert(model, FP32_CONFIG if config is None else config)
+    return convert(model, FP32_CONFIG if config is None else config)
 
 
 def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[torch.Tensor]:
@@ -75,19 +79,23 @@ def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[
 class Trainer:
     """Trains ``model`` on ``data`` (a ``bfp.engine.data.DataBundle``).
 
-    ``initial_precision``: the network config the model was converted with
-    (recorded so a later switch or a resume knows what is in force).
-    ``plan``: epoch-keyed precision and optimizer changes (``conf_train``).
+    ``network_config``: the network config the model was converted with
+    (``None``: FP32), recorded so a later switch or a resume knows what is in force.
+    ``plan``: epoch-keyed network-config and optimizer changes (``conf_train``).
     ``log``: a ``RunLog`` (prints, and writes the run directory if it has one).
     ``checkpoint_dir``: where ``last.pt``/``best.pt`` go; None saves nothing.
     ``extra_state``: plain values stored in every checkpoint (the CLI's flags).
+    ``optimizer_factory``: ``factory(params, config)`` (default ``bfp.optim.sgd``).
+    ``amp``: a ``bfp.amp.MixedPrecision`` (default: ``config.compute_dtype`` on ``device``).
+    ``step``: the step strategy (default ``bfp.engine.step.PlainStep()``).
     """
 
     def __init__(self, model: nn.Module, data, config: TrainConfig, *, device: Any = "cpu",
-                 log=None, checkpoint_dir: Optional[Path] = None, callbacks: Iterable[Callback] = (),
-                 plan: Optional[EpochPlan] = None, initial_precision: Any = None,
-                 extra_state: Optional[dict] = None, name: str = "", rank: int = 0):
-        from .logs import RunLog
+                 log: Optional[RunLog] = None, checkpoint_dir: Optional[Path] = None,
+                 callbacks: Iterable[Callback] = (), plan: Optional[EpochPlan] = None,
+                 network_config: Any = None, extra_state: Optional[dict] = None, name: str = "",
+                 optimizer_factory: optim.OptimizerFactory = optim.sgd,
+                 amp: Optional[MixedPrecision] = None, step: Optional[PlainStep] = None):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.data, self.cfg = data, config
@@ -98,26 +106,20 @@ class Trainer:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.callbacks = CallbackList(callbacks)
         self.plan = plan or EpochPlan()
-        self.active_precision = initial_precision
+        self.network_config = network_config
         self.extra_state = extra_state or {}
         self.name = name
-        # Under torchrun only rank 0 writes checkpoints (and, by the caller, logs).
-        self.is_main = rank == 0
         self.epoch = 0          # epoch being trained (0-based); == epochs when done
         self.global_step = 0    # optimizer steps taken
         self.best_acc = 0.0
         self.history: list[dict[str, float]] = []
 
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum,
-                                         weight_decay=config.weight_decay, nesterov=config.nesterov)
+        self.optimizer = optimizer_factory(self.model.parameters(), config)
         steps_per_epoch = len(data.train)
         self.schedule = CosineSchedule(self.optimizer, total_steps=config.epochs * steps_per_epoch,
                                        warmup_steps=round(config.warmup_epochs * steps_per_epoch))
-        self.amp_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[config.precision]
-        # Dynamic loss scaling for fp16 only: start 2^16, halve and skip on overflow,
-        # double after 2000 clean steps. bf16 has float32's range and needs none.
-        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=2.0 ** 16,
-                                           enabled=config.precision == "fp16")
+        self.amp = amp if amp is not None else MixedPrecision(config.compute_dtype, self.device.type)
+        self.step = step if step is not None else PlainStep()
         self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
 
     # ---- helpers the callbacks use -------------------------------------------------
@@ -125,13 +127,13 @@ class Trainer:
         self._log(msg)
 
     def _config_name(self) -> str:
-        if self.active_precision is None:
+        if self.network_config is None:
             return "none (FP32)"
-        return self.active_precision if isinstance(self.active_precision, str) else "custom config"
+        return self.network_config if isinstance(self.network_config, str) else "custom config"
 
     def describe(self) -> str:
         return (f"{self.name or type(self.model).__name__} on {self.data.name}, "
-                f"network config {self._config_name()}, {self.cfg.precision} compute")
+                f"network config {self._config_name()}, {self.cfg.compute_dtype} compute")
 
     # ---- precision and optimizer switches -----------------------------------------
     def set_precision(self, config: Any) -> None:
@@ -144,7 +146,7 @@ class Trainer:
         if [id(p) for p in self.model.parameters()] != before:
             raise RuntimeError("conversion replaced the model's parameters; the optimizer would "
                                "keep updating the old ones")
-        self.active_precision = config
+        self.network_config = config
         self.log_precision()
 
     def log_precision(self) -> None:
@@ -155,15 +157,14 @@ class Trainer:
                 self.writer.add_text("precision", "```\n" + report + "\n```", self.epoch)
 
     def precision_report(self) -> str:
-        if self.active_precision is None:
+        if self.network_config is None:
             return ""
-        import bfp
         return (f"network config {self._config_name()} from epoch {self.epoch + 1}:\n"
-                f"{bfp.conversion_report(self.model)}")
+                f"{conversion_report(self.model)}")
 
     def _apply_plan(self, epoch: int) -> None:
-        wanted = self.plan.precision_at(epoch, self.active_precision)
-        if epoch in self.plan.precision and wanted != self.active_precision:
+        wanted = self.plan.precision_at(epoch, self.network_config)
+        if epoch in self.plan.precision and wanted != self.network_config:
             self.log(f"epoch {epoch + 1}/{self.epochs} (plan key {epoch}): switching network config to {wanted!r}")
             self.set_precision(wanted)
         for k, v in self.plan.optimizer.get(epoch, {}).items():
@@ -196,11 +197,9 @@ class Trainer:
             raise
         return self.history
 
-    def _autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
-
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()  # evaluate() left it in eval mode
+        model = self.step.prepare(self.model)
         loader = self.data.train
         n_seen, loss_sum = 0, torch.zeros((), device=self.device)
         correct = torch.zeros(2, dtype=torch.long, device=self.device)
@@ -209,18 +208,12 @@ class Trainer:
         for i, (x, y) in enumerate(bar):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-            with self._autocast():
-                out = self.model(x)
-                loss = self.criterion(out.float(), y)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            loss, out = self.step(model, x, y, criterion=self.criterion, optimizer=self.optimizer, amp=self.amp)
             self.schedule.step()
             self.global_step += 1
             with torch.no_grad():
-                loss_sum += loss.detach() * len(y)
-                correct += torch.stack(topk_correct(out.detach(), y))
+                loss_sum += loss * len(y)
+                correct += torch.stack(topk_correct(out, y))
             n_seen += len(y)
             self.callbacks.call("on_batch_end", self, self.global_step)
             if bar is not loader and (i % 10 == 0 or i == len(loader) - 1):  # .item() syncs: not every step
@@ -247,7 +240,7 @@ class Trainer:
         for x, y in loader:
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-            with self._autocast():
+            with self.amp.autocast():
                 out = self.model(x).float()
             loss_sum += F.cross_entropy(out, y, reduction="sum").double()
             correct += torch.stack(topk_correct(out, y))
@@ -279,35 +272,33 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        import bfp
-        precision = bfp.precision_state(self.model)  # every Q-layer, callbacks' changes included
+        layers = precision_state(self.model)  # every Q-layer, callbacks' changes included
         return {
             "epoch": self.epoch, "global_step": self.global_step, "best_acc": self.best_acc,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict(), "scaler": self.scaler.state_dict(),
+            "schedule": self.schedule.state_dict(), "scaler": self.amp.state_dict(),
             "rng": ckpt.rng_state({"data": self.data.generator}),
-            "active_precision": self.active_precision, "precision_state": precision,
+            "network_config": self.network_config, "precision_state": layers,
             "callbacks": self.callbacks.state_dict(), "history": self.history,
             "config": asdict(self.cfg), "extra": self.extra_state,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a run; the model must already be converted with ``state['active_precision']``."""
+        """Restore a run; the model must already be converted with ``state['network_config']``."""
         self.model.load_state_dict(state["model"])
         if state.get("precision_state") is not None:
-            import bfp
-            bfp.load_precision_state(self.model, state["precision_state"])
+            load_precision_state(self.model, state["precision_state"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        self.scaler.load_state_dict(state["scaler"])
+        self.amp.load_state_dict(state["scaler"])
         self.callbacks.load_state_dict(state["callbacks"])
         self.epoch, self.global_step = int(state["epoch"]), int(state["global_step"])
         self.best_acc, self.history = float(state["best_acc"]), list(state["history"])
-        self.active_precision = state["active_precision"]
+        self.network_config = state["network_config"]
         ckpt.set_rng_state(state["rng"], {"data": self.data.generator})  # last: nothing after may draw
 
     def _save(self, epoch: int, metrics: dict[str, float]) -> None:
-        if self.checkpoint_dir is None or not self.is_main:
+        if self.checkpoint_dir is None or not is_main():
             return
         state = self.state_dict()
         ckpt.save(state, self.checkpoint_dir / "last.pt")

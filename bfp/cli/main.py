@@ -1,0 +1,79 @@
+"""Entry points: ``run_task`` behind each script (``cifar.py``) and the ``bfp`` command.
+
+    bfp cifar ARGS              same as python cifar.py ARGS
+    bfp generate-config ARGS    same as python cifar.py --mode generate-config ARGS
+    bfp plot RUN_DIR ...        same as python draw_curve.py RUN_DIR ...
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+from ..engine.checkpoint import CheckpointError
+from . import plot
+from .compare import compare
+from .flags import UsageError
+from .generate import generate_config
+from .run import check_args, train
+from .tasks import TASKS, get_task
+from .train_config import apply_resume, parse_args
+
+
+def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
+    """Parse ``argv`` as the task's script does and run it; returns the exit status."""
+    task = get_task(task_name)
+    prog = prog or task.prog
+    try:
+        args, plan, _ = parse_args(task, argv)
+        if args.resume:
+            args, plan = apply_resume(task, args)
+        args.plan_has_precision = bool(plan.precision)
+        check_args(task, args)
+        if args.mode == "generate-config":
+            generate_config(task, args)
+        elif args.compare:
+            compare(task, args, plan)
+        else:
+            train(task, args, plan)
+        return 0
+    except (UsageError, CheckpointError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+USAGE = f"""usage: bfp COMMAND [ARGS]
+
+commands:
+{chr(10).join(f"  {name:<16} {t.prog} ARGS: {t.description.split('.')[0].lower()}" for name, t in TASKS.items())}
+  generate-config  a network config listing every convertible layer of a model
+                   (cifar.py --mode generate-config ARGS; --task NAME for another task)
+  plot             loss and accuracy curves of runs (draw_curve.py ARGS)
+
+'bfp COMMAND --help' lists a command's flags."""
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command in TASKS:
+        return run_task(command, rest, prog=f"bfp {command}")
+    if command == "generate-config":
+        task = "cifar"
+        if "--task" in rest:
+            i = rest.index("--task")
+            if i + 1 >= len(rest) or rest[i + 1] not in TASKS:
+                print(f"bfp generate-config: error: --task needs one of {', '.join(TASKS)}", file=sys.stderr)
+                return 2
+            task, rest = rest[i + 1], rest[:i] + rest[i + 2:]
+        return run_task(task, ["--mode", "generate-config", *rest], prog="bfp generate-config")
+    if command == "plot":
+        return plot.main(rest, prog="bfp plot")
+    print(f"bfp: error: unknown command {command!r}; allowed: {', '.join([*TASKS, 'generate-config', 'plot'])}\n"
+          f"{USAGE}", file=sys.stderr)
+    return 2

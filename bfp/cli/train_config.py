@@ -1,0 +1,150 @@
+"""Where a run's flags come from: the command line, a ``-tc`` training config, a checkpoint.
+
+Precedence: flags given on the command line, then the ``-tc`` file
+(``conf_train/NAME.json``: flag values keyed by flag name, plus the
+epoch-keyed ``bfp-layer-conf-dict`` and ``optimizer-dict`` schedules), then
+the defaults. ``--resume`` takes the interrupted run's flags and plan from its
+checkpoint; only the flags in ``RESUME_OVERRIDES`` may be given again.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ..config import ConfigError, find_train_config
+from ..engine import checkpoint as ckpt
+from ..engine.schedule import EpochPlan
+from .flags import UsageError, build_parser, flag_name, model_option
+from .tasks import Task
+
+PLAN_KEYS = ("bfp-layer-conf-dict", "optimizer-dict")
+# Flags a resumed run may change (where it runs and what it reports, not what it computes).
+RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
+                    "slackbot", "slack_channel", "slack_base_url", "progress", "batch_size_test",
+                    "histograms", "resume", "do_color", "dataset_path", "mode"}
+# Names under which checkpoints written before the rename saved two flags.
+_OLD_DESTS = {"bfp": "network_config", "precision": "compute_dtype"}
+_NOT_IN_FILES = {"train_config_file", "resume", "slack_base_url", "help"}
+
+
+def _file_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Key of a training config -> its flag's action: every option name without dashes
+    (``bfp``, ``precision``, ``batch-size-train``), also with underscores."""
+    keys = {}
+    for a in parser._actions:
+        if a.dest in _NOT_IN_FILES or not a.option_strings:
+            continue
+        for opt in a.option_strings:
+            name = opt.lstrip("-")
+            keys[name] = keys[name.replace("-", "_")] = a
+    return keys
+
+
+def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], dict]:
+    """(flag defaults by dest, plan entries) from a conf_train JSON file; unknown keys are errors."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"training config {str(path)!r} is not readable JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"training config {str(path)!r} must hold a JSON object")
+    keys = _file_keys(parser)
+    flags, plan = {}, {}
+    for key, value in raw.items():
+        if key in PLAN_KEYS:
+            if not isinstance(value, dict):
+                raise UsageError(f"training config {str(path)!r}: {key!r} must be an object keyed by epoch")
+            plan[key] = value
+            continue
+        a = keys.get(str(key).lstrip("-"))
+        if a is None:
+            allowed = sorted(PLAN_KEYS) + sorted({k for k in keys if "_" not in k and len(k) > 2})
+            raise UsageError(f"training config {str(path)!r}: unknown key {key!r}; allowed: {', '.join(allowed)}")
+        where = f"training config {str(path)!r}: {key!r}"
+        if a.dest == "model_opt":
+            if not isinstance(value, dict):
+                raise UsageError(f'{where} must be an object like {{"width": 16}}, got {value!r}')
+            value = [model_option(f"{k}={v}") for k, v in value.items()]
+        elif isinstance(value, (list, dict)):
+            raise UsageError(f"{where} must be a single value, got {value!r}")
+        elif value is None:
+            if a.default is not None:
+                raise UsageError(f"{where} cannot be null (default: {a.default!r})")
+        else:
+            try:  # as argparse would convert the same text on the command line
+                value = a.type(str(value)) if a.type is not None else str(value)
+            except (argparse.ArgumentTypeError, ValueError, TypeError) as e:
+                raise UsageError(f"{where}: {e}") from None
+        if a.choices is not None and value not in a.choices:
+            raise UsageError(f"training config {str(path)!r}: {key!r} = {value!r}; allowed: "
+                             f"{', '.join(map(str, a.choices))}")
+        flags[a.dest] = value
+    return flags, plan
+
+
+def explicit_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """Dests of the flags actually present in ``argv``."""
+    quiet = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    for a in parser._actions:
+        if a.option_strings and a.dest != "help":
+            kw = dict(dest=a.dest, nargs=a.nargs, const=a.const) if a.nargs is not None else dict(dest=a.dest)
+            if isinstance(a, argparse._AppendAction):
+                kw = dict(dest=a.dest, action="append")
+            quiet.add_argument(*a.option_strings, **kw)
+    ns, _ = quiet.parse_known_args(list(argv))
+    return set(vars(ns))
+
+
+def parse_args(task: Task, argv: Optional[Sequence[str]] = None
+               ) -> tuple[argparse.Namespace, EpochPlan, Optional[Path]]:
+    parser = build_parser(task)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    plan_raw, tc_path = {}, None
+    if args.train_config_file:
+        try:
+            tc_path = find_train_config(args.train_config_file)
+        except ConfigError as e:
+            raise UsageError(f"-tc {e}") from None
+        flags, plan_raw = load_train_config(tc_path, parser)
+        parser.set_defaults(**flags)
+        args = parser.parse_args(argv)  # command-line flags win over the file
+    args.explicit = sorted(explicit_flags(parser, argv))
+    try:
+        plan = EpochPlan.parse(plan_raw.get("bfp-layer-conf-dict"), plan_raw.get("optimizer-dict"),
+                               str(tc_path) if tc_path else "<flags>")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return args, plan, tc_path
+
+
+def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespace, EpochPlan]:
+    """The interrupted run's flags and plan, with the few flags that may change taken from ``args``."""
+    path = ckpt.resolve(args.resume)
+    state = ckpt.load(path, map_location="cpu")
+    if "args" not in state["extra"] or "plan" not in state["extra"]:
+        raise UsageError(f"--resume {path}: this checkpoint holds no {task.prog} flags (it was written by a "
+                         f"Trainer used from Python); resume it with Trainer.load_state_dict")
+    saved = {_OLD_DESTS.get(k, k): v for k, v in state["extra"]["args"].items()}
+    parser = build_parser(task)
+    same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)
+    changed = sorted(k for k in args.explicit if k not in RESUME_OVERRIDES
+                     and not same(saved.get(k), getattr(args, k))
+                     and not (k in ("model", "dataset") and str(saved.get(k)).lower() == str(getattr(args, k)).lower()))
+    if changed:
+        raise UsageError(f"--resume continues the saved run as it was; these flags differ from it: "
+                         f"{', '.join(flag_name(parser, k) for k in changed)} (only "
+                         f"{', '.join(sorted(flag_name(parser, k) for k in RESUME_OVERRIDES))} may change)")
+    for k in args.explicit:
+        if k in RESUME_OVERRIDES:
+            saved[k] = getattr(args, k)
+    saved["resume"] = args.resume
+    # flags added after the checkpoint was written take their defaults
+    new = argparse.Namespace(**{**vars(parser.parse_args([])), **saved})
+    new.explicit = args.explicit
+    new.model_opt = [tuple(x) for x in new.model_opt]
+    p = state["extra"]["plan"]
+    return new, EpochPlan.parse(p["bfp-layer-conf-dict"], p["optimizer-dict"], "<checkpoint>")

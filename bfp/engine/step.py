@@ -1,0 +1,31 @@
+"""One training step on one batch: the strategy a ``Trainer`` is given.
+
+``PlainStep`` runs forward under the mixed-precision policy's autocast, the
+loss in float32, a scaled backward and the optimizer step. Other strategies
+(distributed data parallel with a communication hook, N emulated workers in
+one process) keep the same call and differ in how gradients are made and
+combined before ``amp.step``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+class PlainStep:
+    """Single process: gradients of the whole batch, then one optimizer step."""
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """The module the step runs (a wrapper for distributed strategies; here the model)."""
+        return model
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion, optimizer,
+                 amp) -> tuple[torch.Tensor, torch.Tensor]:
+        """Train on ``(x, y)``; returns the loss and the logits, both detached."""
+        with amp.autocast():
+            out = model(x)
+            loss = criterion(out.float(), y)
+        optimizer.zero_grad(set_to_none=True)
+        amp.backward(loss)
+        amp.step(optimizer)
+        return loss.detach(), out.detach()
