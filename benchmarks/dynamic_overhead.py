@@ -31,25 +31,19 @@ On a shared CPU run it single-threaded for stable numbers:
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import os
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bfp
+import bfp.models
+from bfp.dynamic import DEFAULT_SAMPLE, DynamicPrecision
+from bfp.kernels import quantize_stats
 
-import bfp  # noqa: E402
-import bfp.models  # noqa: E402
-from bfp.dynamic import DEFAULT_SAMPLE, DynamicPrecision  # noqa: E402
-from bfp.kernels import quantize_stats  # noqa: E402
+from _harness import alternate, emit_json, machine, print_table
 
 POINTS_ON = ("fw", "fi", "bwo", "bwi", "bio", "biw")
 
@@ -94,23 +88,28 @@ def replay_cost(model, dp, step, reps: int) -> dict[str, float]:
     dp.install()
     hooks = [layer.quantize_hook for layer, *_ in calls]
     dp.remove()
-    best = {"without": math.inf, "measured": math.inf, "unmeasured": math.inf}
-    for _ in range(reps):
-        for variant in best:
-            dp._measuring = variant == "measured"
-            t0 = time.perf_counter()
-            if variant == "without":
-                for layer, point, t, fmt in calls:
-                    quantize_stats(t, fmt, stats=False)
-            else:
-                for hook, (layer, point, t, fmt) in zip(hooks, calls):
-                    hook(layer, point, t, fmt)
-            best[variant] = min(best[variant], time.perf_counter() - t0)
+
+    def without():
+        for _, _, tensor, fmt in calls:
+            quantize_stats(tensor, fmt, stats=False)
+
+    def hooked():
+        for hook, call in zip(hooks, calls):
+            hook(*call)
+
+    timings = alternate({"without": without, "measured": hooked, "unmeasured": hooked}, reps, warmup=0,
+                        setup=lambda variant: setattr(dp, "_measuring", variant == "measured"))
+    best = {variant: timings.fastest(variant) for variant in timings.wall}
     t0 = time.perf_counter()
     dp.decide()
     best["decision"] = time.perf_counter() - t0
     best["calls"] = len(calls)
     return best
+
+
+def median_q1_q3(ratios: list[float]) -> tuple[float, float, float]:
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), q1, q3
 
 
 def main(argv=None) -> int:
@@ -151,58 +150,45 @@ def main(argv=None) -> int:
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
 
-    def timed_step(with_do: bool) -> tuple[float, float]:
-        if with_do:
-            dp.sync_hooks()  # as the callback leaves them: hooked only on measured steps
-        t0, c0 = time.perf_counter(), time.process_time()
-        step()
-        if with_do:  # sampling, and a decision (host sync, log rows) every --every of these steps
-            trainer.global_step += 1
-            dp.on_batch_end(trainer, trainer.global_step)
-        dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        dp.remove()
-        return dt, dc
+    def step_with_do():
+        step()  # then sampling, and a decision (host sync, log rows) every --every of these steps
+        trainer.global_step += 1
+        dp.on_batch_end(trainer, trainer.global_step)
 
-    for _ in range(2):  # warm-up: Numba compiles, the allocator settles
-        timed_step(False), timed_step(True)
-    wall, cpu = {False: [], True: []}, {False: [], True: []}
-    for r in range(args.pairs):  # alternate single steps, flipping the order, so load drift hits both
-        for with_do in ((False, True) if r % 2 == 0 else (True, False)):
-            dt, dc = timed_step(with_do)
-            wall[with_do].append(dt)
-            cpu[with_do].append(dc)
+    def hooks_as_left(variant: str) -> None:
+        """Hooked as the callback leaves them (only before measured steps); none without --do."""
+        dp.sync_hooks() if variant == "with" else dp.remove()
+
+    # Single steps alternate, the order flipping every pair, so load drift hits both alike;
+    # two warm-up pairs: Numba compiles, the allocator settles.
+    t = alternate({"without": step, "with": step_with_do}, args.pairs, warmup=2, setup=hooks_as_left)
+    dp.remove()
     replay = replay_cost(model, dp, step, args.reps)
 
-    def ratios(d):
-        r = [on / off for on, off in zip(d[True], d[False])]
-        q1, _, q3 = statistics.quantiles(r, n=4)
-        return statistics.median(r), q1, q3
-
-    med = {k: (1e3 * statistics.median(wall[k]), 1e3 * statistics.median(cpu[k]), 1e3 * min(wall[k]))
-           for k in (False, True)}
+    med = {k: (1e3 * t.median(k), 1e3 * statistics.median(t.cpu[k]), 1e3 * t.fastest(k))
+           for k in ("without", "with")}
     added_ms = 1e3 * ((replay["measured"] - replay["without"]) / args.sample
                       + (replay["unmeasured"] - replay["without"]) * (1 - 1 / args.sample)
                       + replay["decision"] / args.every)
-    result = {
-        "benchmark": "dynamic_overhead", "model": args.model, "width": args.width,
-        "input": [1, args.size, args.size], "batch": args.batch, "pairs": args.pairs,
-        "decide_every": args.every, "sample": args.sample, "threads": torch.get_num_threads(), "layers": len(dp.layers),
-        "quantize_calls_per_step": replay["calls"], "torch": torch.__version__,
-        "machine": platform.machine(), "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
-        "step_ms_without": med[False][0], "step_ms_with": med[True][0],
-        "cpu_ms_without": med[False][1], "cpu_ms_with": med[True][1],
-        "fastest_step_ms_without": med[False][2], "fastest_step_ms_with": med[True][2],
-        "wall_ratio_median_q1_q3": ratios(wall), "cpu_ratio_median_q1_q3": ratios(cpu),
-        "fastest_ratio": med[True][2] / med[False][2],
-        "replay_quantize_ms_without": 1e3 * replay["without"],
-        "replay_quantize_ms_measured": 1e3 * replay["measured"],
-        "replay_quantize_ms_unmeasured": 1e3 * replay["unmeasured"],
-        "decision_ms": 1e3 * replay["decision"], "added_ms_per_step": added_ms,
-        "added_fraction_of_fastest_step": added_ms / med[False][2],
-    }
-    print(f"{'variant':<14}{'median wall ms':>16}{'median CPU ms':>15}{'fastest ms':>12}")
-    for label, k in (("without --do", False), ("with --do", True)):
-        print(f"{label:<14}{med[k][0]:>16.2f}{med[k][1]:>15.2f}{med[k][2]:>12.2f}")
+    result = machine(
+        benchmark="dynamic_overhead", model=args.model, width=args.width,
+        input=[1, args.size, args.size], batch=args.batch, pairs=args.pairs,
+        decide_every=args.every, sample=args.sample, threads=torch.get_num_threads(), layers=len(dp.layers),
+        quantize_calls_per_step=replay["calls"],
+        step_ms_without=med["without"][0], step_ms_with=med["with"][0],
+        cpu_ms_without=med["without"][1], cpu_ms_with=med["with"][1],
+        fastest_step_ms_without=med["without"][2], fastest_step_ms_with=med["with"][2],
+        wall_ratio_median_q1_q3=median_q1_q3(t.pair_ratios("with", "without")),
+        cpu_ratio_median_q1_q3=median_q1_q3(t.pair_ratios("with", "without", cpu=True)),
+        fastest_ratio=med["with"][2] / med["without"][2],
+        replay_quantize_ms_without=1e3 * replay["without"],
+        replay_quantize_ms_measured=1e3 * replay["measured"],
+        replay_quantize_ms_unmeasured=1e3 * replay["unmeasured"],
+        decision_ms=1e3 * replay["decision"], added_ms_per_step=added_ms,
+        added_fraction_of_fastest_step=added_ms / med["without"][2],
+    )
+    print_table([("variant", "s"), ("median wall ms", ".2f"), ("median CPU ms", ".2f"), ("fastest ms", ".2f")],
+                [(label, *med[k]) for label, k in (("without --do", "without"), ("with --do", "with"))])
     w, c = result["wall_ratio_median_q1_q3"], result["cpu_ratio_median_q1_q3"]
     print(f"with/without over {args.pairs} adjacent pairs: wall {w[0]:.3f} (quartiles {w[1]:.3f}..{w[2]:.3f}), "
           f"CPU {c[0]:.3f} ({c[1]:.3f}..{c[2]:.3f}); fastest steps {result['fastest_ratio']:.3f}")
@@ -213,12 +199,9 @@ def main(argv=None) -> int:
           f"{result['decision_ms']:.2f} ms every {args.every} steps; one step in {args.sample} measured")
     print(f"added by --do: {added_ms:.3f} ms/step = {100 * result['added_fraction_of_fastest_step']:.2f}% of the "
           f"fastest step (load average {result['load_average_1min']:.1f} on {result['cpus']} CPUs)")
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit_json(result, args.json)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

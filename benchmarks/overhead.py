@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import bfp
+import bfp.models
 
-import bfp  # noqa: E402
-import bfp.models  # noqa: E402
+from _harness import alternate, emit_json, machine, print_table
 
 
 def main(argv=None) -> int:
@@ -51,39 +46,29 @@ def main(argv=None) -> int:
     variants = {"fp32": base}
     for cfg in args.configs:
         variants[cfg] = bfp.convert(copy.deepcopy(base), cfg)
-    opt = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in variants.items()}
     x = torch.randn(args.batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch,), device=dev)
 
-    def step(name: str) -> float:
-        m, o = variants[name], opt[name]
-        sync()
-        t = time.perf_counter()
-        o.zero_grad(set_to_none=True)
-        F.cross_entropy(m(x), y).backward()
-        o.step()
-        sync()
-        return time.perf_counter() - t
+    def training_step(model: torch.nn.Module):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    for name in variants:  # warm-up: kernel compilation, allocator
-        step(name), step(name)
-    times = {name: [] for name in variants}
-    for r in range(args.steps):
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for name in order:
-            times[name].append(step(name))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    rows = [{"variant": k, "step_ms": 1e3 * med[k], "ratio_to_fp32": med[k] / med["fp32"]} for k in variants]
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+
+    # Two warm-up rounds: kernel compilation, the allocator.
+    t = alternate({name: training_step(m) for name, m in variants.items()}, args.steps, warmup=2, sync=sync)
+    rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median("fp32")}
+            for k in variants]
     print(f"{args.model} batch {args.batch} on {dev}, {torch.get_num_threads()} torch threads, "
           f"median of {args.steps} rounds")
-    print(f"{'variant':24s} {'step ms':>9s} {'x fp32':>7s}")
-    for r in rows:
-        print(f"{r['variant']:24s} {r['step_ms']:9.1f} {r['ratio_to_fp32']:7.2f}")
-    out = {"meta": {"model": args.model, "batch": args.batch, "device": str(dev), "steps": args.steps,
-                    "torch": torch.__version__, "threads": torch.get_num_threads()}, "results": rows}
-    print(json.dumps(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    print_table([("variant", "s"), ("step ms", ".1f"), ("x fp32", ".2f")],
+                [(r["variant"], r["step_ms"], r["ratio_to_fp32"]) for r in rows])
+    meta = machine(model=args.model, batch=args.batch, device=str(dev), steps=args.steps,
+                   threads=torch.get_num_threads())
+    emit_json({"meta": meta, "results": rows}, args.json)
     return 0
 
 

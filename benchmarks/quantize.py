@@ -13,13 +13,13 @@ of medians. Targets: >= 0.7x clone on a CPU for fb12 and float8_e4m3fn;
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
+import numba
 import torch
 
 import bfp
+
+from _harness import alternate, emit_json, machine, print_table
 
 DEFAULT_FORMATS = ["fb12", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
                    "float4_e2m1fn", "bfloat16", "mxfp8_e4m3", "mxfp4_e2m1", "mxint8",
@@ -38,26 +38,12 @@ def parse_format(spec: str):
     return fmt
 
 
-def timed(fn, sync) -> float:
-    sync()
-    t = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t
-
-
 def bench(x: torch.Tensor, fmt, repeat: int, sync) -> tuple[float, float]:
-    """(median quantize seconds, median clone seconds), interleaved."""
-    gen = torch.Generator(x.device).manual_seed(0) if x.is_cuda else torch.Generator().manual_seed(0)
-    q = lambda: bfp.quantize(x, fmt, generator=gen)  # noqa: E731
-    c = lambda: x.clone()  # noqa: E731
-    for _ in range(3):  # warm-up: JIT compilation, allocator
-        q(), c()
-    tq, tc = [], []
-    for _ in range(repeat):
-        tq.append(timed(q, sync))
-        tc.append(timed(c, sync))
-    return statistics.median(tq), statistics.median(tc)
+    """(median quantize seconds, median clone seconds), alternated, after 3 warm-ups (JIT, allocator)."""
+    gen = torch.Generator(x.device).manual_seed(0)
+    t = alternate({"quantize": lambda: bfp.quantize(x, fmt, generator=gen), "clone": x.clone},
+                  repeat, warmup=3, sync=sync)
+    return t.median("quantize"), t.median("clone")
 
 
 def main(argv=None) -> int:
@@ -80,19 +66,18 @@ def main(argv=None) -> int:
         rows.append({"format": spec, "ms": tq * 1e3, "clone_ms": tc * 1e3, "gbps": nbytes / tq / 1e9,
                      "clone_gbps": nbytes / tc / 1e9, "ratio_to_clone": tc / tq,
                      "target": TARGETS.get(spec)})
-    import numba
-    meta = {"device": str(x.device), "shape": list(x.shape), "threads": numba.get_num_threads(),
-            "torch": torch.__version__, "numba": numba.__version__, "repeat": args.repeat}
-    print(f"{'format':28s} {'ms':>8s} {'GB/s':>7s} {'clone ms':>9s} {'x clone':>8s}  target")
-    for r in rows:
-        tgt = "" if r["target"] is None else f">= {r['target']:.1f} {'ok' if r['ratio_to_clone'] >= r['target'] else 'MISSED'}"
-        print(f"{r['format']:28s} {r['ms']:8.2f} {r['gbps']:7.2f} {r['clone_ms']:9.2f} "
-              f"{r['ratio_to_clone']:8.2f}  {tgt}")
-    out = {"meta": meta, "results": rows}
-    print(json.dumps(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+    meta = machine(device=str(x.device), shape=list(x.shape), threads=numba.get_num_threads(),
+                   repeat=args.repeat)
+
+    def target(r) -> str:
+        if r["target"] is None:
+            return ""
+        return f">= {r['target']:.1f} {'ok' if r['ratio_to_clone'] >= r['target'] else 'MISSED'}"
+
+    print_table([("format", "s"), ("ms", ".2f"), ("GB/s", ".2f"), ("clone ms", ".2f"), ("x clone", ".2f"),
+                 ("target", "s")],
+                [(r["format"], r["ms"], r["gbps"], r["clone_ms"], r["ratio_to_clone"], target(r)) for r in rows])
+    emit_json({"meta": meta, "results": rows}, args.json)
     return 0
 
 

@@ -1,0 +1,112 @@
+"""What every benchmark shares: alternated timing, machine metadata, one table, JSON out.
+
+The machines are shared and noisy (absolute times move 2-3x with the load), so
+a benchmark never compares timings taken at different moments: it times the
+callables it compares in rounds that visit each once, reversing the order every
+other round so that neither always runs first, and reports ratios of medians
+or of the fastest calls taken in the same run. The JSON record carries the
+load average and versions the figures depend on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+
+@dataclass
+class Timings:
+    """Seconds per call of each named callable, in round order: wall and process CPU time."""
+
+    wall: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.wall[name])
+
+    def fastest(self, name: str) -> float:
+        """The call least disturbed by other processes."""
+        return min(self.wall[name])
+
+    def pair_ratios(self, name: str, base: str, *, cpu: bool = False) -> list[float]:
+        """``name`` over ``base`` in each round, where the two ran next to each other."""
+        times = self.cpu if cpu else self.wall
+        return [t / b for t, b in zip(times[name], times[base])]
+
+
+def alternate(fns: Mapping[str, Callable[[], Any]], rounds: int, *, warmup: int = 1,
+              sync: Callable[[], Any] = lambda: None,
+              setup: Callable[[str], Any] = lambda name: None) -> Timings:
+    """Time each of ``fns`` once per round, in reverse order every other round.
+
+    ``warmup`` untimed rounds come first (JIT compilation, the allocator).
+    ``sync`` waits for the device around each timed call
+    (``torch.cuda.synchronize`` on a GPU); ``setup(name)`` runs untimed
+    before each call, to put state the benchmark itself changes back.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            setup(name)
+            fns[name]()
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            setup(name)
+            sync()
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            fns[name]()
+            sync()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return Timings(wall, cpu)
+
+
+def machine(**fields: Any) -> dict[str, Any]:
+    """``fields`` plus what the figures depend on: machine, load, versions, threads.
+
+    Call it after the timings, so that the load average covers the run. Numba
+    is imported here and not at the top because a benchmark may set
+    ``NUMBA_THREADING_LAYER``, which only counts before Numba first loads.
+    """
+    import numba
+
+    return {**fields, "platform": platform.platform(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
+            "torch": torch.__version__, "numba": numba.__version__,
+            "torch_threads": torch.get_num_threads(), "numba_threads": numba.get_num_threads(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> None:
+    """Print ``rows`` under ``columns``, (title, format spec) pairs such as ``("ms", ".2f")``.
+
+    Text is left-aligned and numbers right-aligned, each column as wide as its
+    widest cell.
+    """
+    cells = [[format(v, spec) for v, (_, spec) in zip(row, columns)] for row in rows]
+    right = [not isinstance(v, str) for v in rows[0]] if rows else [False] * len(columns)
+    widths = [max([len(title)] + [len(r[i]) for r in cells]) for i, (title, _) in enumerate(columns)]
+
+    def line(texts: Sequence[str]) -> str:
+        return "  ".join(t.rjust(w) if r else t.ljust(w) for t, w, r in zip(texts, widths, right)).rstrip()
+
+    print(line([title for title, _ in columns]))
+    for r in cells:
+        print(line(r))
+
+
+def emit_json(record: Mapping[str, Any], path: Optional[str | Path] = None) -> None:
+    """Print ``record`` as one JSON line; with ``path``, also write it there, indented."""
+    print(json.dumps(record))
+    if path:
+        Path(path).write_text(json.dumps(record, indent=2) + "\n")
