@@ -47,7 +47,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
 USAGE = f"""usage: bfp COMMAND [ARGS]
 
 commands:
-{chr(10).join(f"  {name:<16} {t.prog} ARGS: {t.description.split('.')[0].lower()}" for name, t in TASKS.items())}
+{chr(10).join(f"  {name:<16} {t.summary} ({t.prog} ARGS)" for name, t in TASKS.items())}
   generate-config  a network config listing every convertible layer of a model
                    (cifar.py --mode generate-config ARGS; --task NAME for another task)
   plot             loss and accuracy curves of runs (draw_curve.py ARGS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 class Task:
     name: str                       # the `bfp NAME` subcommand
     prog: str                       # the script users run (error messages, --help)
+    summary: str                    # one line for `bfp --help`
     description: str
     default_dataset: str
     default_model: str
@@ -32,7 +33,7 @@ class Task:
 
 
 CIFAR = Task(
-    name="cifar", prog="cifar.py",
+    name="cifar", prog="cifar.py", summary="train a 32x32 classifier (CIFAR-10/100, digits, image folders)",
     description="Train a 32x32 image classifier in FP32, mixed precision or simulated low precision "
                 "(block floating point, small floats, MX) and log the run under runs/<name>/.",
     default_dataset="CIFAR10", default_model="ResNet18", image_size=32,

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from tqdm import tqdm
+
 from .spec import PAIR_NAMES, SimpleSpec
 
 CSV_NAME = "dynamic_precision.csv"
@@ -21,11 +23,7 @@ CSV_FIELDS = ("decision", "step", "epoch", "layer", "pair", "zse", "old_bits", "
 
 def console(text: str) -> None:
     """Print to the terminal only (not ``log.txt``): the coloured table."""
-    try:
-        from tqdm import tqdm
-        tqdm.write(text)  # keeps an open progress bar intact
-    except ImportError:
-        print(text, flush=True)
+    tqdm.write(text)  # keeps an open progress bar intact
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], mode: str) -> None:

@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from tqdm import tqdm
+
+from .. import __version__
 from .checkpoint import atomic_file
 from .ranks import is_main
 
@@ -38,11 +41,7 @@ def git_commit(cwd: Optional[os.PathLike] = None) -> Optional[str]:
 
 
 def package_version() -> str:
-    try:
-        import bfp
-        return getattr(bfp, "__version__", "unknown")
-    except Exception:  # a broken sibling module must not stop the run from logging
-        return "unknown"
+    return __version__
 
 
 def timestamp() -> str:
@@ -82,11 +81,7 @@ class RunLog:
         if self.quiet:
             return
         msg = self._clean(str(msg))
-        try:
-            from tqdm import tqdm
-            tqdm.write(msg, file=self.stream)  # keeps an open progress bar intact
-        except ImportError:
-            print(msg, file=self.stream, flush=True)
+        tqdm.write(msg, file=self.stream)  # keeps an open progress bar intact
         if self._file is not None:
             stamp = _dt.datetime.now().isoformat(timespec="seconds")
             for line in msg.splitlines() or [""]:

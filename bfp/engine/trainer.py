@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from .. import optim
 from ..amp import MixedPrecision, check_compute_dtype
@@ -311,5 +312,4 @@ class Trainer:
 def _progress(loader, desc: str, enabled: bool):
     if not enabled:
         return loader
-    from tqdm import tqdm
     return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, disable=None)

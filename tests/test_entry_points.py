@@ -1,0 +1,76 @@
+"""The scripts users run: every declared console script, and the package installed as a wheel."""
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+# What each console script must answer --help for: the script itself and its subcommands.
+HELP_ARGS = {"bfp": [[], ["cifar"], ["generate-config"], ["plot"]]}
+
+
+def run_entry(target: str, args, cwd=None):
+    module, _, func = target.partition(":")
+    code = f"import sys; from {module} import {func} as f; sys.exit(f())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_every_declared_console_script_answers_help(name):
+    assert name in HELP_ARGS, f"console script {name!r} has no --help check here"
+    for sub in HELP_ARGS[name]:
+        r = run_entry(SCRIPTS[name], [*sub, "--help"])
+        assert r.returncode == 0, (sub, r.stderr)
+        assert "usage:" in r.stdout and "Traceback" not in r.stderr, sub
+    installed = shutil.which(name)
+    if installed:  # the executable pip wrote runs the same function
+        assert subprocess.run([installed, "--help"], capture_output=True, timeout=120).returncode == 0
+
+
+def test_bfp_cifar_is_cifar_py(tmp_path):
+    args = ["--mode", "generate-config", "-m", "ResNet10", "--config-out"]
+    a = subprocess.run([sys.executable, str(ROOT / "cifar.py"), *args, str(tmp_path / "a.json")],
+                       capture_output=True, text=True, timeout=120)
+    b = run_entry(SCRIPTS["bfp"], ["cifar", *args, str(tmp_path / "b.json")])
+    c = run_entry(SCRIPTS["bfp"], ["generate-config", "-m", "ResNet10", "--config-out", str(tmp_path / "c.json")])
+    assert a.returncode == b.returncode == c.returncode == 0, (a.stderr, b.stderr, c.stderr)
+    text = (tmp_path / "a.json").read_text()
+    assert text == (tmp_path / "b.json").read_text() == (tmp_path / "c.json").read_text()
+
+
+def test_bfp_names_a_bad_command_and_the_good_ones():
+    r = run_entry(SCRIPTS["bfp"], ["train"])
+    assert r.returncode == 2 and "unknown command 'train'" in r.stderr and "cifar" in r.stderr
+    assert "bfp cifar: error: --training-epochs must be >= 1" in run_entry(
+        SCRIPTS["bfp"], ["cifar", "-d", "digits", "--training-epochs", "0"]).stderr
+
+
+def test_wheel_installed_outside_the_source_tree_runs_a_shipped_training_config(tmp_path):
+    """Not editable, run from another directory: presets (conf_net) and training
+    configs (conf_train) come from the wheel's package data."""
+    wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)
+    # The dependencies (torch, numba ...) come from this interpreter's site-packages.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "-q", "install", "--no-deps", *map(str, wheels.glob("*.whl"))],
+                   check=True, capture_output=True, timeout=300)
+    where = subprocess.run([str(py), "-c", "import bfp; print(bfp.__file__)"], cwd=elsewhere,
+                           capture_output=True, text=True, check=True).stdout
+    assert str(venv) in where, where  # the wheel, not the source tree
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bfp", "cifar", "-tc", "digits_demo", "--training-epochs", "1", "--num-workers", "0",
+                        "--progress", "False", "--limit-train-images", "256", "--limit-test-images", "64",
+                        "--bfp", "ResNet18_FB16"],
+                       cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "epoch 1/1:" in r.stdout and "ResNet18_FB16" in r.stdout

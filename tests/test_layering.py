@@ -1,0 +1,80 @@
+"""The package's floors: each module imports only its own floor and the floors below it."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "bfp"
+# Bottom to top (docs/architecture.md). A module may import its own floor and lower ones.
+FLOORS = ["formats", "kernels", "precision", "accumulate", "functional", "layers", "config", "conversion",
+          "models", "amp", "optim", "engine", "dynamic", "cli"]
+# Imports inside functions that reach bfp modules on purpose: backends that load on first use.
+LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda")}
+
+
+def floor_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def bfp_imports(name: str, is_package: bool, source: str):
+    """(imported bfp module, line, inside a function) for every import in module ``name``."""
+    package = name if is_package else name.rpartition(".")[0]
+    tree = ast.parse(source)
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    in_func = {id(x) for f in funcs for x in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t == "bfp" or t.startswith("bfp."):
+                yield t, node.lineno, id(node) in in_func
+
+
+MODULES = sorted(p for p in PKG.rglob("*.py") if p != PKG / "__init__.py")
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_module_imports_only_its_floor_and_below(path):
+    own = floor_of(module_name(path))
+    assert own in FLOORS, f"{path}: floor {own!r} is not in the layering list; add it to FLOORS and the docs"
+    for target, line, lazy in bfp_imports(module_name(path), path.name == "__init__.py",
+                                          path.read_text(encoding="utf-8")):
+        where = f"{path.relative_to(PKG.parent)}:{line} imports {target}"
+        if target in ("bfp", "bfp.__version__"):
+            assert target == "bfp.__version__", f"{where}: import the sibling module, not the package root"
+            continue
+        floor = floor_of(target)
+        assert floor in FLOORS, where
+        assert FLOORS.index(floor) <= FLOORS.index(own), f"{where}: an upward import ({own} is below {floor})"
+        assert not lazy or (own, target) in LAZY_OK, f"{where}: inside a function; import it at the top"
+
+
+def test_importing_the_engine_loads_neither_the_cli_nor_dynamic_precision():
+    code = ("import sys, bfp.engine; "
+            "print(sorted(m for m in sys.modules if m.startswith(('bfp.cli', 'bfp.dynamic'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_checker_sees_upward_and_function_level_imports():
+    src = "from ..cli import main\nimport bfp.formats\n\ndef f():\n    from ..conversion import convert\n"
+    assert list(bfp_imports("bfp.engine.probe", False, src)) == [
+        ("bfp.cli", 1, False), ("bfp.formats", 2, False), ("bfp.conversion", 5, True)]
