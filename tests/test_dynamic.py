@@ -422,7 +422,7 @@ def one_thread():
 def test_digits_run_changes_precision_and_a_resumed_run_makes_the_same_decisions(tmp_path, tiny_args,
                                                                                    one_thread):
     from bfp.engine import checkpoint as ckpt
-    from bfp.engine.cli import main as cifar_main
+    from bfp.cli import cifar as cifar_main
 
     # 3 steps an epoch, a decision every 2 steps: the checkpoint after epoch 1
     # falls between decisions, with counts pending.
