@@ -41,6 +41,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 
 from .kernels import quantize
 # The accumulator spec is a value type beside LayerPrecision; exported here too.
@@ -190,7 +191,7 @@ def accumulate_conv2d_input(grad: torch.Tensor, w: torch.Tensor, input_shape: Se
     """
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     n, o, ho, wo = grad.shape
-    _, cg, kh, kw = w.shape
+    kh, kw = w.shape[-2:]
     h, wd = input_shape[-2:]
     if stride != (1, 1):
         dil = grad.new_zeros(n, o, (ho - 1) * stride[0] + 1, (wo - 1) * stride[1] + 1)
@@ -201,8 +202,7 @@ def accumulate_conv2d_input(grad: torch.Tensor, w: torch.Tensor, input_shape: Se
                                  (h, ho, kh, stride[0], padding[0], dilation[0])):
         pads += [d * (k - 1) - p, size - (out - 1) * s - 1 + p]  # negative entries crop
     grad = F.pad(grad, pads)
-    wt = w.reshape(groups, o // groups, cg, kh, kw).transpose(1, 2).flip(-2, -1)
-    wt = wt.reshape(groups * cg, o // groups, kh, kw)
+    wt = rearrange(w, "(g o) c kh kw -> (g c) o kh kw", g=groups).flip(-2, -1)
     return accumulate_conv2d(grad, wt, acc, 1, 0, dilation, groups, generator=generator)
 
 
@@ -212,9 +212,7 @@ def accumulate_conv2d_weight(grad: torch.Tensor, x: torch.Tensor, weight_shape: 
     """Weight gradient of ``conv2d``: reduction over ``(n, oh, ow)`` accumulated by ``acc``."""
     stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
     o, cg, kh, kw = weight_shape
-    n = x.shape[0]
     cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
-    length = cols.shape[-1]
-    cols = cols.reshape(n, groups, cg * kh * kw, length).permute(1, 0, 3, 2).reshape(groups, -1, cg * kh * kw)
-    g = grad.reshape(n, groups, o // groups, length).permute(1, 2, 0, 3).reshape(groups, o // groups, -1)
+    cols = rearrange(cols, "n (g k) l -> g (n l) k", g=groups)
+    g = rearrange(grad, "n (g o) h w -> g o (n h w)", g=groups)
     return accumulate_matmul(g, cols, acc, generator=generator).reshape(o, cg, kh, kw)
