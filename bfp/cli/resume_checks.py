@@ -56,8 +56,8 @@ def load_state(trainer, state: dict[str, Any], path: Path) -> None:
     try:
         trainer.load_state_dict(state)
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        detail = f"missing entry {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {first}"
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()][:3]  # torch: a title, then each key
+        detail = f"missing entry {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {' '.join(lines)}"
         raise UsageError(f"--resume {path}: the checkpoint does not fit the model built from its flags "
                          f"({detail}); was it written by another bfpsim version or edited?") from None
 
