@@ -24,7 +24,7 @@ from ..engine import data as data_mod
 from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
-from ..engine.slack import SlackNotifier, read_token
+from ..engine.slack import SlackNotifier, SlackTokenError, read_token
 from ..engine.step import PlainStep
 from ..engine.trainer import Trainer, TrainConfig, convert_model
 from ..optim import sgd
@@ -161,7 +161,10 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     writes = args.log or args.save
     run_dir = resumed_run_dir(args, resume_path, state) if state is not None \
         else new_run_dir(args, suffix) if writes else None
-    token = read_token() if args.slackbot else None
+    try:
+        token = read_token() if args.slackbot else None
+    except SlackTokenError as e:
+        raise UsageError(f"--slackbot: {e}") from None
     try:
         log = RunLog(run_dir if writes else None, tensorboard=args.log, stream=stream,
                      redact=(token,) if token else ())
