@@ -50,6 +50,9 @@ def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"training config {str(path)!r} is not readable JSON: {e}") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise UsageError(f"training config {str(path)!r}: JSON nested too deeply to read (Python's limit is "
+                         f"about {sys.getrecursionlimit()} levels; a training config needs fewer than 10)") from None
     if not isinstance(raw, dict):
         raise UsageError(f"training config {str(path)!r} must hold a JSON object")
     keys = _file_keys(parser)
