@@ -124,10 +124,10 @@ def test_crash_message(slack):
 def test_token_sources(tmp_path, monkeypatch):
     monkeypatch.delenv("BFP_SLACK_TOKEN", raising=False)
     assert read_token(tmp_path / "slackbot.token") is None
-    (tmp_path / "slackbot.token").write_text(" xoxb-file \n")
-    assert read_token(tmp_path / "slackbot.token") == "xoxb-file"
-    monkeypatch.setenv("BFP_SLACK_TOKEN", "xoxb-env")
-    assert read_token(tmp_path / "slackbot.token") == "xoxb-env"
+    (tmp_path / "slackbot.token").write_text(" xoxb-file-0123456789-abcdef \n")
+    assert read_token(tmp_path / "slackbot.token") == "xoxb-file-0123456789-abcdef"
+    monkeypatch.setenv("BFP_SLACK_TOKEN", "xoxb-env-0123456789-abcdefgh")
+    assert read_token(tmp_path / "slackbot.token") == "xoxb-env-0123456789-abcdefgh"
 
 
 def test_missing_token_is_reported_and_training_runs(tiny_args, tmp_path, monkeypatch, capsys):

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..amp import COMPUTE_DTYPES
 from ..engine import data as data_mod
+from .resume_flags import add_resume_flags
 from .tasks import Task
 
 
@@ -157,4 +158,5 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--slack-channel", default=os.environ.get("BFP_SLACK_CHANNEL", "#bfpsim"),
                    help="channel to post to (default from $BFP_SLACK_CHANNEL)")
     g.add_argument("--slack-base-url", default=None, help=argparse.SUPPRESS)  # tests: a local server
+    add_resume_flags(p, b)
     return p

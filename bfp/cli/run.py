@@ -19,15 +19,17 @@ from ..amp import MixedPrecision
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
+from ..engine import checkpoint_set
 from ..engine import data as data_mod
 from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
-from ..engine.slack import SlackNotifier, read_token
+from ..engine.slack import SlackNotifier, SlackTokenError, read_token
 from ..engine.step import PlainStep
 from ..engine.trainer import Trainer, TrainConfig, convert_model
 from ..optim import sgd
 from .flags import UsageError
+from .resume_checks import check_data, load_state, remove_stale_temps
 from .tasks import Task
 
 
@@ -87,6 +89,9 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
         raise UsageError(f"--num-workers must be >= 0, got {args.num_workers}")
     if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.manual_seed accepts
         raise UsageError(f"--seed must be in [-2**63, 2**64), got {args.seed}")
+    if args.do is not None and not args.do.strip():
+        raise UsageError("--do '': an empty dynamic-precision spec; give one such as Simple/0.6/0.8/0/1, "
+                         "or leave --do out for no dynamic precision")
     if args.do and not (args.network_config or args.plan_has_precision):
         raise UsageError(f"--do {args.do}: dynamic precision needs a converted model; give --bfp CONFIG")
 
@@ -140,10 +145,11 @@ def train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str 
 def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "",
            stream=None) -> dict[str, Any]:
     device = resolve_device(args.device)
-    resume_path = ckpt.resolve(args.resume) if args.resume else None
-    state = ckpt.load(resume_path, map_location="cpu") if resume_path else None
+    resume_path = checkpoint_set.resolve(args.resume) if args.resume else None
+    state = checkpoint_set.load_with_hint(resume_path, map_location="cpu") if resume_path else None
     seed_everything(args.seed)
     data = load_data(args, device)
+    data_note = check_data(args, resume_path, state, data) if state is not None else None
     config = train_config(args, plan, device)
     model = make_model(task, args, data.num_classes, data.in_channels)
     # A resumed model is first converted as it was when saved; the checkpoint's
@@ -155,7 +161,10 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     writes = args.log or args.save
     run_dir = resumed_run_dir(args, resume_path, state) if state is not None \
         else new_run_dir(args, suffix) if writes else None
-    token = read_token() if args.slackbot else None
+    try:
+        token = read_token() if args.slackbot else None
+    except SlackTokenError as e:
+        raise UsageError(f"--slackbot: {e}") from None
     try:
         log = RunLog(run_dir if writes else None, tensorboard=args.log, stream=stream,
                      redact=(token,) if token else ())
@@ -170,9 +179,12 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                           network_config=initial, name=args.model, optimizer_factory=sgd,
                           amp=MixedPrecision(config.compute_dtype, device.type), step=PlainStep(),
                           extra_state={"args": public_args, "plan": plan.to_json(),
-                                       "run_dir": str(run_dir) if run_dir else None})
+                                       "run_dir": str(run_dir) if run_dir else None, "data": data.fingerprint})
         if state is not None:
-            trainer.load_state_dict(state)
+            remove_stale_temps(log.run_dir, log)
+            if data_note:
+                log(data_note)
+            load_state(trainer, state, resume_path)
             log(f"{args.resume}: the run already finished its {trainer.epochs} epochs; nothing to do"
                 if trainer.epoch >= trainer.epochs else
                 f"resumed {args.resume} at epoch {trainer.epoch + 1}/{trainer.epochs}")
@@ -256,7 +268,10 @@ def resumed_run_dir(args: argparse.Namespace, path: Path, state: dict) -> Option
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else Path(saved) if saved else None
     last = run_dir / "checkpoints" / "last.pt" if run_dir is not None else None
     if (args.log or args.save) and last is not None and last.is_file() and last.resolve() != path.resolve():
-        later = ckpt.load(last)["epoch"]
+        try:
+            later = ckpt.load(last)["epoch"]
+        except ckpt.CheckpointError:
+            later = -1  # a corrupt last.pt holds nothing to keep: resuming replaces it
         if later > state["epoch"]:
             raise UsageError(
                 f"--resume {path}: {run_dir} holds a later checkpoint ({last}, {later} epochs done) that "

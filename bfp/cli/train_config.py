@@ -15,19 +15,20 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..config import ConfigError, find_train_config
-from ..engine import checkpoint as ckpt
+from ..engine import checkpoint_set
 from ..engine.schedule import EpochPlan
-from .flags import UsageError, build_parser, flag_name, model_option
+from .flags import UsageError, build_parser, flag_name, model_option, str2bool
+from .resume_checks import saved_flags
 from .tasks import Task
 
 PLAN_KEYS = ("bfp-layer-conf-dict", "optimizer-dict")
 # Flags a resumed run may change (where it runs and what it reports, not what it computes).
 RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
                     "slackbot", "slack_channel", "slack_base_url", "progress", "batch_size_test",
-                    "histograms", "resume", "do_color", "dataset_path", "mode"}
+                    "histograms", "resume", "do_color", "dataset_path", "mode", "resume_allow_data_change"}
 # Names under which checkpoints written before the rename saved two flags.
 _OLD_DESTS = {"bfp": "network_config", "precision": "compute_dtype"}
-_NOT_IN_FILES = {"train_config_file", "resume", "slack_base_url", "help"}
+_NOT_IN_FILES = {"train_config_file", "resume", "slack_base_url", "help", "resume_allow_data_change"}
 
 
 def _file_keys(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
@@ -49,6 +50,9 @@ def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"training config {str(path)!r} is not readable JSON: {e}") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise UsageError(f"training config {str(path)!r}: JSON nested too deeply to read (Python's limit is "
+                         f"about {sys.getrecursionlimit()} levels; a training config needs fewer than 10)") from None
     if not isinstance(raw, dict):
         raise UsageError(f"training config {str(path)!r} must hold a JSON object")
     keys = _file_keys(parser)
@@ -123,13 +127,15 @@ def parse_args(task: Task, argv: Optional[Sequence[str]] = None
 
 def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespace, EpochPlan]:
     """The interrupted run's flags and plan, with the few flags that may change taken from ``args``."""
-    path = ckpt.resolve(args.resume)
-    state = ckpt.load(path, map_location="cpu")
-    if "args" not in state["extra"] or "plan" not in state["extra"]:
+    path = checkpoint_set.resolve(args.resume)
+    state = checkpoint_set.load_with_hint(path, map_location="cpu")
+    extra = state.get("extra")
+    if not isinstance(extra, dict) or "args" not in extra or "plan" not in extra:
         raise UsageError(f"--resume {path}: this checkpoint holds no {task.prog} flags (it was written by a "
                          f"Trainer used from Python); resume it with Trainer.load_state_dict")
-    saved = {_OLD_DESTS.get(k, k): v for k, v in state["extra"]["args"].items()}
+    saved = {_OLD_DESTS.get(k, k): v for k, v in saved_flags(path, state).items()}
     parser = build_parser(task)
+    _check_saved_types(parser, saved, path)
     same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)
     changed = sorted(k for k in args.explicit if k not in RESUME_OVERRIDES
                      and not same(saved.get(k), getattr(args, k))
@@ -145,6 +151,25 @@ def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespa
     # flags added after the checkpoint was written take their defaults
     new = argparse.Namespace(**{**vars(parser.parse_args([])), **saved})
     new.explicit = args.explicit
-    new.model_opt = [tuple(x) for x in new.model_opt]
-    p = state["extra"]["plan"]
-    return new, EpochPlan.parse(p["bfp-layer-conf-dict"], p["optimizer-dict"], "<checkpoint>")
+    try:
+        new.model_opt = [tuple(x) for x in new.model_opt]
+        p = state["extra"]["plan"]
+        return new, EpochPlan.parse(p["bfp-layer-conf-dict"], p["optimizer-dict"], "<checkpoint>")
+    except (TypeError, KeyError, ValueError) as e:
+        raise UsageError(f"--resume {path}: the saved flags or epoch plan cannot be read "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def _check_saved_types(parser: argparse.ArgumentParser, saved: dict[str, Any], path: Path) -> None:
+    """A saved flag whose value has not the type its flag parses to is refused by name."""
+    for a in parser._actions:
+        if a.dest not in saved or saved[a.dest] is None or not a.option_strings:
+            continue
+        v, want = saved[a.dest], {int: (int,), float: (int, float), str2bool: (bool,)}.get(a.type)
+        if a.type is None and a.default is not None and isinstance(a.default, str):
+            want = (str,)
+        bad = want is not None and (not isinstance(v, want) or (bool not in want and isinstance(v, bool)))
+        if bad:
+            raise UsageError(f"--resume {path}: saved flag {flag_name(parser, a.dest)} = {v!r} is not "
+                             f"a {' or '.join(t.__name__ for t in want)}; the checkpoint was edited or "
+                             f"written by another program")

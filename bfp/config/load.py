@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Union
 
@@ -41,4 +42,7 @@ def load_config(config: ConfigLike) -> NetConfig:
             d = json.load(f)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise ConfigError(f"{path}: JSON nested too deeply to read (Python's limit is about "
+                          f"{sys.getrecursionlimit()} levels; a network config needs fewer than 10)") from None
     return config_from_dict(d, str(path))

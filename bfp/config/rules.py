@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from ..formats import MX
 from ..layers import CONVERTIBLE
-from ..precision import LayerPrecision
+from ..precision import POINTS, LayerPrecision
 from .errors import ConfigError, _fail, _suggest, _unknown_keys
 from .specs import FULL, INHERITED_KEYS, parse_precision, precision_spec
 
@@ -23,6 +24,10 @@ CONVERTIBLE_TYPES = tuple(f.__name__ for f in CONVERTIBLE)
 LEGACY_PREFIX = "net."
 
 MATCH_KINDS = ("exact", "glob", "regex", "first", "last")
+# Dimensions of the tensors every point of a layer type quantizes (inputs, weights, outputs and
+# their gradients); an MX axis must lie in [-rank, rank). Linear and Matmul take 2 or more
+# dimensions: 2 is what every one of their tensors has.
+TENSOR_RANK = {"Conv1d": 3, "Conv2d": 4, "Linear": 2, "Matmul": 2}
 
 
 def _match_kind(pattern: str) -> str:
@@ -156,6 +161,8 @@ class NetConfig:
                 typed = f" of type {'/'.join(rule.types)}" if rule.types else ""
                 problems.append(f"{what}: matches no convertible layer{typed} of the model"
                                 f"{_suggest(plain, layers)}")
+        for name, type_name in layers.items():
+            self._check_axes(name, type_name, out[name])
         if problems:
             hint = ("; convertible layers: " + ", ".join(list(layers)[:12])
                     + (", ..." if len(layers) > 12 else "") if layers else "; the model has no convertible layer")
@@ -164,6 +171,19 @@ class NetConfig:
             raise ConfigError(f"{self.source}: " + "; ".join(problems) + hint
                               + " (a rule with \"required\": false may match nothing)")
         return out
+
+    def _check_axes(self, name: str, type_name: str, precision: Optional[LayerPrecision]) -> None:
+        """An MX axis outside the layer's tensors fails here, naming the config and the layer,
+        not at the first training step."""
+        rank = TENSOR_RANK.get(type_name)
+        if precision is None or rank is None:
+            return
+        for point in POINTS:
+            fmt = getattr(precision, point)
+            if isinstance(fmt, MX) and not -rank <= fmt.axis < rank:
+                raise ConfigError(f"{self.source}: layer {name!r} ({type_name}), point {point}: MX axis "
+                                  f"{fmt.axis} is out of range; a {type_name}'s tensors have {rank} "
+                                  f"dimensions, allowed axes: {-rank}..{rank - 1}")
 
     def to_dict(self) -> dict[str, Any]:
         """The rule form (formats as saved dicts) that ``load_config`` loads back."""

@@ -3,7 +3,8 @@
     data        datasets and loaders (digits, CIFAR, image folders; on-device augmentation)
     schedule    cosine learning rate, epoch-keyed precision/optimizer plans (conf_train)
     callbacks   the Callback API (dynamic precision and Slack plug in here)
-    checkpoint  atomic save, weights-only load, RNG state
+    checkpoint  atomic save, CRC-verified weights-only load, RNG state
+    checkpoint_set  last/best/epoch_NNN written complete or absent; newest intact checkpoint
     ranks       which process writes (rank 0)
     logs        run directory, text log, metrics, TensorBoard
     slack       Slack progress messages

@@ -1,16 +1,29 @@
-"""Checkpoints: written atomically, loaded with ``torch.load(weights_only=True)``.
+"""Checkpoint files: written atomically, verified and loaded with ``torch.load(weights_only=True)``.
 
 A checkpoint is a dict of tensors and plain Python values (see
 ``Trainer.state_dict``). ``save`` writes a temporary file beside the target,
 flushes it to disk and ``os.replace``s it over the target, so an interrupted
 write never leaves a half-written file under the real name and the previous
-good checkpoint survives until the new one is complete.
+good checkpoint survives until the new one is complete. A write that fails
+(a full disk) raises ``CheckpointError`` naming the file and leaves the old
+file as it was.
+
+``load`` first checks the CRC-32 that the zip archive of ``torch.save`` keeps
+for every member (``torch.load`` itself does not check them), so a file with
+flipped bits is refused by name instead of loading wrong weights. A file
+holding Python objects other than tensors and plain values (a pickle that
+would run code) is refused without unpickling it. The set of files a run
+keeps (last, best, epoch_NNN) is ``bfp.engine.checkpoint_set``.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import os
+import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
@@ -27,12 +40,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable, truncated or not ours."""
 
 
+TEMP_MARK = ".tmp-"  # temporary files are ".<name>.tmp-<pid>" beside their target
+
+
+def temp_path(path: Path, pid: Optional[int] = None) -> Path:
+    return path.with_name(f".{path.name}{TEMP_MARK}{os.getpid() if pid is None else pid}")
+
+
 @contextlib.contextmanager
 def atomic_file(path: os.PathLike | str, mode: str = "wb", **open_kw) -> Iterator[IO]:
     """A temporary file beside ``path``: synced and ``os.replace``d over ``path`` when the
     block ends normally, removed (leaving ``path`` as it was) when it raises."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     try:
         with open(tmp, mode, **open_kw) as f:
             yield f
@@ -44,21 +64,71 @@ def atomic_file(path: os.PathLike | str, mode: str = "wb", **open_kw) -> Iterato
             tmp.unlink()
 
 
-def save(obj: dict[str, Any], path: os.PathLike | str) -> Path:
+def serialize(obj: dict[str, Any]) -> bytes:
+    """The bytes ``save`` writes: ``obj`` tagged with our format and version, as ``torch.save``
+    writes it (a zip archive with a CRC-32 per member)."""
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, "version": VERSION, **obj}, buf)
+    return buf.getvalue()
+
+
+def write_bytes(data: bytes, path: os.PathLike | str) -> Path:
+    """``data`` written atomically to ``path``; an OS error (a full disk, a read-only
+    directory) is a ``CheckpointError`` naming the file, with ``path`` left as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as f:
-        torch.save({"format": FORMAT, "version": VERSION, **obj}, f)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as f:
+            f.write(data)
+    except OSError as e:
+        why = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
+        kept = "its previous version is kept" if path.exists() else "nothing was written under that name"
+        raise CheckpointError(f"cannot write checkpoint {str(path)!r}: {why} ({len(data)} bytes); "
+                              f"{kept}") from None
     return path
+
+
+def save(obj: dict[str, Any], path: os.PathLike | str) -> Path:
+    return write_bytes(serialize(obj), path)
+
+
+def verify(path: os.PathLike | str) -> None:
+    """Raise ``CheckpointError`` unless every member of the archive at ``path`` matches its CRC-32."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
+                              f"(not a readable archive: {e})") from None
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: member {bad!r} does not match its "
+                              f"CRC-32 (bits changed on disk or in transfer)")
+
+
+def _unpickling_refused(e: Exception) -> Optional[str]:
+    """The line of a weights_only refusal that says what was refused (torch's own message
+    goes on to advise ``weights_only=False``, which would run the file's code)."""
+    if not isinstance(e, pickle.UnpicklingError) or "Weights only load failed" not in str(e):
+        return None
+    lines = [ln for ln in str(e).splitlines() if "GLOBAL" in ln or "unsupported" in ln.lower()]
+    return lines[0].strip() if lines else "an object that is not a tensor or plain value"
 
 
 def load(path: os.PathLike | str, map_location: Any = "cpu") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    verify(path)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for truncated/corrupt zips and pickles
+        refused = _unpickling_refused(e)
+        if refused is not None:
+            raise CheckpointError(f"checkpoint {str(path)!r} holds Python objects that loading would have to "
+                                  f"execute ({refused}); bfpsim loads only tensors and plain values. Never "
+                                  f"load a file you did not write yourself with weights_only=False: "
+                                  f"unpickling runs arbitrary code.") from None
         raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:

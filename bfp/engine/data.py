@@ -23,7 +23,10 @@ Two loader kinds, both iterating ``(images, labels)`` batches, with
 * a torch ``DataLoader`` over torchvision transforms (the default for CIFAR and
   image folders).
 
-Test data is never augmented.
+Test data is never augmented. The DataLoader path draws its shuffle order and
+per-sample augmentation keys in the main process (``bfp.engine.augment``), so
+the batches are the same for any ``num_workers``. ``DataBundle.fingerprint``
+(``bfp.engine.fingerprint``) is what a resume checks the dataset against.
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .augment import KeyedAugment, KeyedSampler
+from .fingerprint import fingerprint
 
 DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
 CIFAR_MEAN = {"CIFAR10": (0.4914, 0.4822, 0.4465), "CIFAR100": (0.5071, 0.4865, 0.4409)}
@@ -63,6 +69,7 @@ class DataBundle:
     in_channels: int
     classes: list[str]
     generator: torch.Generator  # drives shuffling and augmentation of ``train``
+    fingerprint: Optional[dict] = None  # classes, image counts, sizes (bfp.engine.fingerprint)
 
     def describe(self) -> str:
         return (f"{self.name}: {len(self.train.dataset)} train / {len(self.test.dataset)} test images, "
@@ -161,13 +168,19 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
         raise DataError(f"--in-channels must be 1 or 3, got {channels}")
     g = torch.Generator().manual_seed(seed)
     if name == "digits":
+        if path:
+            raise DataError(f"-dp/--dataset-path {path!r} given with -d digits, which ships with "
+                            f"scikit-learn and reads no folder; drop -dp, or use -d imagefolder -dp {path}")
         train, test, classes = _digits(channels)
+        fp = fingerprint(name, train, test, classes, None)
         train, test = _limit(train, limit_train), _limit(test, limit_test)
         _check_train_size(name, len(train))
         mean, std = _mean_std(train)
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
-        return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
-                              batch_size_test, device if gpu_data else "cpu", g)
+        bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
+                                batch_size_test, device if gpu_data else "cpu", g)
+        bundle.fingerprint = fp
+        return bundle
     # CIFAR named with a path to an image folder (the JPEG CIFAR-10) loads the folder
     folder = name == "imagefolder" or (path is not None and _cifar_files_absent(name, Path(path))
                                        and find_image_folder(Path(path)) is not None)
@@ -175,25 +188,31 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     mean, std = (CIFAR_MEAN[name], CIFAR_STD[name]) if name in CIFAR_MEAN else (IMAGENET_MEAN, IMAGENET_STD)
     aug = Augment()
     classes = list(train_ds.classes)
+    fp = fingerprint(name, train_ds, test_ds, classes, path)
     train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
     _check_train_size(name, len(train_ds))
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
-        return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
-                              batch_size_test, device, g)
+        bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
+                                batch_size_test, device, g)
+        bundle.fingerprint = fp
+        return bundle
     import torchvision
     import torchvision.transforms as T
     norm = [T.ToTensor(), T.Normalize(mean, std)]
     resize = [T.Resize((32, 32))] if isinstance(_base(train_ds), torchvision.datasets.ImageFolder) else []
-    _base(train_ds).transform = T.Compose(resize + [T.RandomCrop(32, padding=aug.pad), T.RandomHorizontalFlip()] + norm)
+    # training images stay uint8 here; KeyedAugment crops, flips and normalises them
+    _base(train_ds).transform = T.Compose(resize + [T.PILToTensor()])
     _base(test_ds).transform = T.Compose(resize + norm)
     pin = torch.device(device).type == "cuda"
     common = dict(num_workers=num_workers, pin_memory=pin, persistent_workers=False)
+    train_aug = KeyedAugment(train_ds, pad=aug.pad, flip=aug.flip, mean=mean, std=std)
     # A last batch of one image would break BatchNorm in training mode: drop it.
-    train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train, shuffle=True, generator=g,
+    train = torch.utils.data.DataLoader(train_aug, batch_size=batch_size_train,
+                                        sampler=KeyedSampler(len(train_ds), g), generator=g,
                                         drop_last=len(train_ds) % batch_size_train == 1, **common)
     test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
-    return DataBundle(name, train, test, len(classes), 3, classes, g)
+    return DataBundle(name, train, test, len(classes), 3, classes, g, fp)
 
 
 def _check_train_size(name: str, n: int) -> None:
@@ -294,8 +313,12 @@ def _image_folder(path: Optional[str]):
         raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
-    train = torchvision.datasets.ImageFolder(str(root / "train"))
-    test = torchvision.datasets.ImageFolder(str(test_dir))
+    try:
+        train = torchvision.datasets.ImageFolder(str(root / "train"))
+        test = torchvision.datasets.ImageFolder(str(test_dir))
+    except FileNotFoundError as e:  # torchvision's "Found no valid file for the classes ..." names no folder
+        raise DataError(f"{root}: no images found under {root / 'train'} or {test_dir} "
+                        f"(each needs <class>/ folders holding image files): {e}") from None
     if train.classes != test.classes:
         raise DataError(f"{root}: train and test class folders differ: {train.classes} vs {test.classes}")
     return train, test

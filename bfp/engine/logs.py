@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from .. import __version__
 from .checkpoint import atomic_file
+from .redact import pattern, redact_json, redact_text
 from .ranks import is_main
 
 
@@ -52,7 +53,8 @@ class RunLog:
     """Prints and, with a run directory, appends to ``log.txt`` and ``metrics.jsonl``.
 
     ``writer`` is a TensorBoard ``SummaryWriter`` when ``tensorboard`` is on.
-    ``redact`` strings (secrets) are replaced by ``***`` in everything written.
+    ``redact`` strings (secrets) are replaced by ``***`` in everything written, as whole
+    tokens only; JSON files are redacted value by value (``bfp.engine.redact``).
     In a distributed run only rank 0 prints and writes; on other ranks it is silent
     and has no run directory.
     """
@@ -63,6 +65,7 @@ class RunLog:
         self.run_dir = Path(run_dir) if run_dir is not None and not self.quiet else None
         self.stream = stream if stream is not None else sys.stdout
         self.redact = tuple(r for r in redact if r)
+        self._pattern = pattern(self.redact)
         self._file = None
         self.writer = None
         if self.run_dir is not None:
@@ -73,9 +76,7 @@ class RunLog:
                 self.writer = SummaryWriter(log_dir=str(self.run_dir))
 
     def _clean(self, msg: str) -> str:
-        for r in self.redact:
-            msg = msg.replace(r, "***")
-        return msg
+        return redact_text(msg, self._pattern)
 
     def __call__(self, msg: str) -> None:
         if self.quiet:
@@ -99,7 +100,7 @@ class RunLog:
             raise RuntimeError(f"cannot write {name}: this run has no run directory")
         path = self.run_dir / name
         with atomic_file(path, "w", encoding="utf-8") as f:
-            f.write(self._clean(json.dumps(obj, indent=2, default=str)) + "\n")
+            f.write(json.dumps(redact_json(obj, self._pattern), indent=2) + "\n")
         return path
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from .. import optim
 from ..amp import MixedPrecision, check_compute_dtype
 from ..conversion import conversion_report, convert, load_precision_state, precision_state
 from . import checkpoint as ckpt
+from . import checkpoint_set
 from .callbacks import Callback, CallbackList
 from .logs import RunLog
 from .ranks import is_main
@@ -301,12 +302,11 @@ class Trainer:
     def _save(self, epoch: int, metrics: dict[str, float]) -> None:
         if self.checkpoint_dir is None or not is_main():
             return
-        state = self.state_dict()
-        ckpt.save(state, self.checkpoint_dir / "last.pt")
-        if metrics["test_acc1"] >= self.best_acc:
-            ckpt.save(state, self.checkpoint_dir / "best.pt")
-        if self.cfg.save_interval and (epoch + 1) % self.cfg.save_interval == 0:
-            ckpt.save(state, self.checkpoint_dir / f"epoch_{epoch + 1:03d}.pt")
+        # epoch_NNN.pt and best.pt first, last.pt last: a crash in between is repaired by
+        # the resume, which trains this epoch again (bfp.engine.checkpoint_set)
+        checkpoint_set.write_set(self.state_dict(), self.checkpoint_dir,
+                                 best=metrics["test_acc1"] >= self.best_acc,
+                                 periodic=bool(self.cfg.save_interval) and (epoch + 1) % self.cfg.save_interval == 0)
 
 
 def _progress(loader, desc: str, enabled: bool):

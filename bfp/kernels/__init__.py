@@ -4,6 +4,13 @@
 tensors, Numba CPU (parallel) for CPU tensors; ``backend="reference"`` runs the
 readable PyTorch reference that the fast kernels must equal bit for bit.
 Numba compiles lazily, on the first call of each kernel.
+
+Gradients: the kernels compute on detached bits. ``quantize`` of a tensor that
+requires grad (with grad mode on) passes the gradient straight through: the
+backward of ``y = quantize(x)`` is ``dx = dy``, unchanged (the straight-through
+estimator). The nine-point quantized layers (``bfp.layers``) quantize gradients
+too; use them to train. ``meta`` tensors give a ``meta`` result of the same
+shape and dtype on every backend (the format is still checked against the shape).
 """
 from __future__ import annotations
 
@@ -33,8 +40,28 @@ def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generato
     Without one, torch's default generator is used (``torch.manual_seed``).
 
     ``backend``: ``None`` (by device), ``"reference"``, ``"cpu"`` or ``"cuda"``.
+
+    When ``x`` requires grad and grad mode is on, the result does too and its
+    gradient passes straight through to ``x`` unchanged (see the module docstring);
+    the values are the same bits either way. A ``meta`` tensor gives an empty
+    ``meta`` tensor of its shape.
     """
-    return quantize_stats(x, fmt, generator=generator, backend=backend, stats=False)[0]
+    out = quantize_stats(x, fmt, generator=generator, backend=backend, stats=False)[0]
+    if x.requires_grad and torch.is_grad_enabled():
+        return _StraightThrough.apply(x, out)
+    return out
+
+
+class _StraightThrough(torch.autograd.Function):
+    """``forward(x, q) = q``; ``backward(dy) = (dy, None)``: q's values with x's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, q):
+        return q
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
 
 
 def zero_setting_error(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None) -> float:
@@ -44,8 +71,11 @@ def zero_setting_error(x: torch.Tensor, fmt: Format, *, generator: Optional[torc
     divided by all elements, so sparse tensors such as ReLU outputs looked
     better than they were). Returns 0.0 for a tensor with no nonzero element.
     Counted by the same kernels as ``quantize``, on ``x``'s device; only the
-    two counts travel to the host.
+    two counts travel to the host. A ``meta`` tensor has no values to count: ValueError.
     """
+    if isinstance(x, torch.Tensor) and x.device.type == "meta":
+        raise ValueError(f"zero_setting_error needs values; a meta tensor (shape {tuple(x.shape)}) has "
+                         f"only a shape")
     _, counts = quantize_stats(x, fmt, generator=generator, stats=True)
     nonzero, zeroed = counts.tolist()
     return zeroed / nonzero if nonzero else 0.0

@@ -48,6 +48,9 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
     keys = _keys(generator) if rule.mode == 2 else (0, 0)
+    if x.device.type == "meta":  # shapes only (model tracing, FakeTensor): the format is checked above
+        counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
+        return torch.empty_like(x), counts
     x32 = x.detach().to(torch.float32).contiguous()  # a copy unless x is float32 already
     if x32.numel() == 0:
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
