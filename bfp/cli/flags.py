@@ -14,6 +14,7 @@ from typing import Any
 
 from ..amp import COMPUTE_DTYPES
 from ..engine import data as data_mod
+from .helpformat import HelpFormatter
 from .resume_flags import add_resume_flags
 from .tasks import Task
 
@@ -67,7 +68,7 @@ def flag_name(parser: argparse.ArgumentParser, dest: str) -> str:
 
 def build_parser(task: Task) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=task.prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog=task.prog, formatter_class=HelpFormatter,
         description=task.description + " Booleans take True/False (`--log True`, as the original) "
                                        "or stand alone (`--log`).")
     b = dict(type=str2bool, nargs="?", const=True, metavar="BOOL")

@@ -5,18 +5,22 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from ..engine.plots import draw_curves
+from ..engine.plots import MULTI_RUN_OUT, draw_curves
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> int:
     p = argparse.ArgumentParser(prog=prog, description="Plot loss and accuracy of one or more runs "
-                                                       "into PNG files.")
+                                                       "into PNG files (loss.png, accuracy.png).")
     p.add_argument("runs", nargs="+", help="run directories (written with --log True)")
-    p.add_argument("-o", "--out", default="curves", help="output directory for loss.png and accuracy.png")
+    p.add_argument("-o", "--out", default=None,
+                   help=f"output directory (default: the run directory for one run, {MULTI_RUN_OUT}/ for "
+                        f"several)")
     p.add_argument("--labels", nargs="+", default=(), help="legend label per run (default: directory names)")
+    p.add_argument("--log-loss", action="store_true",
+                   help="loss on a log scale (an early spike no longer flattens the rest)")
     args = p.parse_args(argv)
     try:
-        for path in draw_curves(args.runs, args.out, args.labels):
+        for path in draw_curves(args.runs, args.out, args.labels, log_loss=args.log_loss):
             print(f"wrote {path}")
     except (FileNotFoundError, ValueError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

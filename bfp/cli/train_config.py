@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..config import ConfigError, find_train_config
+from ..config import ConfigError, find_train_config, load_config
 from ..engine import checkpoint_set
 from ..engine.schedule import EpochPlan
 from .flags import UsageError, build_parser, flag_name, model_option, str2bool
@@ -122,7 +122,39 @@ def parse_args(task: Task, argv: Optional[Sequence[str]] = None
                                str(tc_path) if tc_path else "<flags>")
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if tc_path is not None:
+        epochs = args.training_epochs if args.training_epochs is not None else task.epochs(args.dataset)
+        for line in drop_late_entries(plan, epochs, str(tc_path)):
+            print(f"{task.prog}: warning: {line}", file=sys.stderr)
     return args, plan, tc_path
+
+
+def drop_late_entries(plan: EpochPlan, epochs: int, source: str) -> list[str]:
+    """Remove the plan entries at epochs the run does not reach; returns one warning line per schedule.
+
+    So a shipped schedule (switches at epochs 20 and 180) can be smoke-tested with
+    ``--training-epochs 1``: the later entries are dropped with a warning, not an
+    error. Their network configs are still loaded (a missing preset or a bad file
+    fails now), though not matched against the model, which only the entries kept
+    are. Nothing is dropped for ``epochs < 1``: that is reported as its own error.
+    """
+    if epochs < 1:
+        return []
+    lines = []
+    for what, entries in (("bfp-layer-conf-dict", plan.precision), ("optimizer-dict", plan.optimizer)):
+        late = sorted(e for e in entries if e >= epochs)
+        if not late:
+            continue
+        for e in late:
+            cfg = entries.pop(e)
+            if what == "bfp-layer-conf-dict" and cfg is not None:
+                try:
+                    load_config(cfg)
+                except ConfigError as err:
+                    raise UsageError(f"{source}: {what}[{e}]: {err}") from None
+        lines.append(f"{source}: {what} entries at epochs {late} ignored: the run trains epochs "
+                     f"0..{epochs - 1} (--training-epochs {epochs})")
+    return lines
 
 
 def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespace, EpochPlan]:

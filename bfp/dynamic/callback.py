@@ -224,13 +224,34 @@ class DynamicPrecision(Callback):
         self._batches += 1
         self._measuring = self._batches % self.spec.sample == 0  # for the next step
         if self.every != "epoch" and self._batches >= self.every:
-            self._decide_and_log(trainer)
+            if self._last_step(trainer, step):
+                self._skip_final_decision(trainer, f"after the last training step ({step})")
+            else:
+                self._decide_and_log(trainer)
         self.sync_hooks()
 
     def on_epoch_end(self, trainer, epoch, metrics) -> None:
         if self.every == "epoch":
-            self._decide_and_log(trainer)
+            epochs = getattr(trainer, "epochs", None)  # None: a trainer stand-in without a length
+            if epochs is not None and epoch == epochs - 1:
+                self._skip_final_decision(trainer, f"at the end of the last epoch ({epoch + 1})")
+            else:
+                self._decide_and_log(trainer)
         self.sync_hooks()
+
+    @staticmethod
+    def _last_step(trainer, step) -> bool:
+        """Whether ``step`` is the run's last training step (a trainer without a
+        schedule, as in tests driving the callback by hand, has none)."""
+        schedule = getattr(trainer, "schedule", None)
+        return schedule is not None and step == schedule.total_steps
+
+    def _skip_final_decision(self, trainer, where: str) -> None:
+        """No decision where training ends: no training step would ever use its
+        bits, and an every-N decision after the last step would only change the
+        formats of the final evaluation. The counts stay pending (as in a
+        checkpoint between decisions) and the log says why nothing was decided."""
+        trainer.log(f"dynamic precision: no decision {where}: no training step would use its bits")
 
     def on_train_end(self, trainer) -> None:
         self.remove()
