@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .kernels import quantize
+from .kernels.inplace import add_quantize_, quantize_
 # The accumulator spec is a value type beside LayerPrecision; exported here too.
 from .precision import GEMMS, Accumulator, accumulator_from_dict  # noqa: F401
 
@@ -90,6 +91,22 @@ def _sum_terms(terms: Iterator[torch.Tensor], acc: Accumulator, rnd: Callable) -
             s = total
         else:
             s = rnd(s + t)
+    return s
+
+
+def _running_sum(terms: Iterator[torch.Tensor], acc: Accumulator,
+                 generator: Optional[torch.Generator]) -> Optional[torch.Tensor]:
+    """``_sum_terms`` without Kahan, in place: ``s = q(s + t)`` is one fused pass
+    (``add_quantize_``: the same float32 add and rounding, the same random draws)
+    instead of an add, a rounding and two fresh tensors per chunk. The first term
+    becomes the running sum; a copy if it is a slice of a larger slab, so the
+    result does not keep the slab alive."""
+    s = None
+    for t in terms:
+        if s is None:
+            s = t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+        else:
+            add_quantize_(s, t, acc.fmt, generator=generator)
     return s
 
 
@@ -149,7 +166,11 @@ def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
     a3, b3, shape, out_dtype = _operands(a, b, acc)
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
     with _float32_arithmetic(a):
-        s = _sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd)
+        if acc.kahan:
+            s = _sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd)
+        else:  # chunk sums are fresh tensors of ours: round them where they are
+            rnd_ = lambda t: quantize_(t, acc.fmt, generator=generator)  # noqa: E731
+            s = _running_sum(_chunk_sums(a3, b3, acc.chunk, rnd_), acc, generator)
     return _finish(s, shape, out_dtype, a)
 
 

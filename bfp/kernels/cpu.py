@@ -13,6 +13,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import types
 from pathlib import Path
 
 import numba
@@ -69,134 +70,186 @@ def _kernel_cache():
         numba.config.CACHE_DIR = user
 
 
+# The three kernels below are templates: ``_specialise`` binds the globals
+# KIND, MODE (and ``strip`` for ``_tiled``) and compiles them; they are never
+# called as Python.
+
+def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1,
+                 stats):
+    """Element-wise formats (tiles of one element): one flat parallel loop."""
+    qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
+    for i in prange(xb.size):
+        r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
+        ob[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
+    # Counting is a second pass, so the quantizing loop carries no reduction.
+    nz = 0
+    zc = 0
+    if stats:
+        step = 1 << 16
+        for c in prange((xb.size + step - 1) // step):
+            a, b = _count(xb[c * step:], ob[c * step:], min(step, xb.size - c * step))
+            nz += a
+            zc += b
+    return nz, zc
+
+
+def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
+           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
+    """One work item: the rows ``rows`` (flat offsets) of one tile along axes
+    0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles are done
+    one at a time (maximum, constants, quantize). Short tiles: pass 1 takes
+    column maxima over the rows (vectorised) and spreads each tile's
+    constants over its columns; pass 2 quantizes the rows. Returns the
+    (nonzero, zeroed) counts."""
+    w = seg1 - seg0
+    if G3 >= 16:  # long tiles (MX blocks): per tile, max then quantize, constants in registers
+        for a3 in range(0, w, G3):
+            n3 = min(G3, w - a3)
+            tmax = 0
+            for row in rows:
+                xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
+                for j in range(n3):
+                    m = np.int64(xs[j]) & MAG
+                    tmax = max(tmax, m if m < EXP_INF else 0)
+            c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
+                                          maxkept, emaxq)
+            for row in rows:
+                base = row + seg0 + a3
+                xs = xb[base:base + n3]
+                os = ob[base:base + n3]
+                for j in range(n3):
+                    r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
+                    os[j] = _elem(np.int64(xs[j]), KIND, MODE, c0, c1, c2, c3, man, ftz,
+                                  ovf_inf, inf_nan, r)
+    else:  # short tiles: column maxima over the rows, constants spread over columns
+        colmax[:w] = 0
+        c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
+        for row in rows:
+            xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
+            for j in range(w):
+                m = np.int64(xs[j]) & MAG
+                colmax[j] = max(colmax[j], m if m < EXP_INF else 0)
+        for a3 in range(0, w, G3):
+            b3 = min(a3 + G3, w)
+            tmax = 0
+            for j in range(a3, b3):
+                tmax = max(tmax, colmax[j])
+            c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
+                                          maxkept, emaxq)
+            c_q[a3:b3] = c0
+            c_p[a3:b3] = c1
+            c_hi[a3:b3] = c2
+            c_lo[a3:b3] = c3
+        for row in rows:
+            base = row + seg0
+            xs = xb[base:base + w]
+            os = ob[base:base + w]
+            for j in range(w):
+                r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
+                os[j] = _elem(np.int64(xs[j]), KIND, MODE, c_q[j], c_p[j], c_hi[j], c_lo[j],
+                              man, ftz, ovf_inf, inf_nan, r)
+    nz = 0
+    zc = 0
+    if stats:  # second pass over the strip, still in cache
+        for row in rows:
+            a, b = _count(xb[row + seg0:], ob[row + seg0:], w)
+            nz += a
+            zc += b
+    return nz, zc
+
+
+def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, emin, man,
+           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks):
+    """4-D tensor, tiles G; axis 3 is cut into segments of S3 (a multiple of
+    G3). Work items (tile of axes 0-2, segment) are spread over ``nchunks``."""
+    n1 = (D1 + G1 - 1) // G1
+    n2 = (D2 + G2 - 1) // G2
+    ns = (D3 + S3 - 1) // S3
+    nwork = ((D0 + G0 - 1) // G0) * n1 * n2 * ns
+    nz = 0
+    zc = 0
+    for c in prange(nchunks):
+        colmax = np.empty(S3, np.int64)
+        cq = np.empty((4, S3), np.int64)
+        rows = np.empty(G0 * G1 * G2, np.int64)
+        lnz = 0
+        lzc = 0
+        for t in range(c * nwork // nchunks, (c + 1) * nwork // nchunks):
+            ts = t % ns
+            t2 = (t // ns) % n2
+            t1 = (t // (ns * n2)) % n1
+            t0 = t // (ns * n2 * n1)
+            nr = 0
+            for i0 in range(t0 * G0, min(t0 * G0 + G0, D0)):
+                for i1 in range(t1 * G1, min(t1 * G1 + G1, D1)):
+                    for i2 in range(t2 * G2, min(t2 * G2 + G2, D2)):
+                        rows[nr] = ((i0 * D1 + i1) * D2 + i2) * D3
+                        nr += 1
+            a, b = strip(xb, ob, rows[:nr], ts * S3, min(ts * S3 + S3, D3), G3, colmax, cq,
+                         scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
+                         inf_nan, k0, k1, stats)
+            lnz += a
+            lzc += b
+        nz += lnz
+        zc += lzc
+    return nz, zc
+
+
+def _round_inplace(xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1):
+    """``_elementwise`` on one buffer: ``xb[i] = q(xb[i])``. One array, so the loop
+    needs no aliasing check to vectorise, and no fresh output pages."""
+    qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
+    for i in prange(xb.size):
+        r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
+        xb[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
+
+
+def _add_round(sb, tb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1):
+    """The running sum of an emulated accumulator: ``s[i] = q(s[i] + t[i])`` on float32
+    bits, in place. The addition is one IEEE float32 add (round to nearest even,
+    subnormals kept, no fast-math), the same operation as torch's ``s + t``. A NaN
+    sum is the quieted NaN of ``t`` if ``t`` is one, else of ``s``: what torch's x86
+    add returns, made explicit because the compiler may swap the operands of an
+    add. The stochastic draw uses the flat index as ``_elementwise`` does."""
+    qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
+    for i in prange(sb.size):
+        t = np.int64(tb[i])
+        v = np.int64(np.float32(np.int32(sb[i]).view(np.float32) + np.int32(t).view(np.float32))
+                     .view(np.int32))
+        if (t & MAG) > EXP_INF:
+            v = t | 0x400000
+        r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
+        sb[i] = _elem(v, KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
+
+
+def _specialise(template, KIND: int, MODE: int, parallel: bool = False, **bound):
+    """``template`` compiled with ``KIND``, ``MODE`` and ``bound`` as its globals.
+
+    Numba freezes globals as compile-time constants, so each (kind, mode) pair
+    gets loops free of the other modes' code. The kernels are not closures on
+    purpose: Numba's cache index key hashes a closure's cell contents with
+    pickle, and a pickled dispatcher (``strip`` inside ``tiled``) carries a
+    random per-process uuid, so a closure over it never matched its cache
+    entry (each process recompiled ``tiled``, ~5 s, and appended another
+    ``.nbc`` file). Here the closure is empty and the (kind, mode) pair is in
+    the qualified name, which names the cache's index file.
+    """
+    g = dict(template.__globals__, KIND=KIND, MODE=MODE, **bound)
+    fn = types.FunctionType(template.__code__, g, template.__name__, template.__defaults__)
+    fn.__qualname__ = f"{template.__name__.lstrip('_')}_kind{KIND}_mode{MODE}"
+    fn.__doc__ = template.__doc__
+    return njit(cache=True, parallel=parallel)(fn)
+
+
 @functools.lru_cache(maxsize=None)
 def kernels(KIND: int, MODE: int):
     """``(elementwise, tiled)`` compiled for one element kind and rounding mode
-    (compile-time constants; Numba caches each pair on disk)."""
+    (compile-time constants; Numba caches each pair on disk, one index file per
+    kernel and pair)."""
     with _kernel_cache():
-
-        @njit(parallel=True, cache=True)
-        def elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1,
-                        stats):
-            qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
-            for i in prange(xb.size):
-                r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
-                ob[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf,
-                              inf_nan, r)
-            # Counting is a second pass, so the quantizing loop carries no reduction.
-            nz = 0
-            zc = 0
-            if stats:
-                step = 1 << 16
-                for c in prange((xb.size + step - 1) // step):
-                    a, b = _count(xb[c * step:], ob[c * step:], min(step, xb.size - c * step))
-                    nz += a
-                    zc += b
-            return nz, zc
-
-        @njit(cache=True)
-        def strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
-                  maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
-            """One work item: the rows ``rows`` (flat offsets) of one tile along axes
-            0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles are done
-            one at a time (maximum, constants, quantize). Short tiles: pass 1 takes
-            column maxima over the rows (vectorised) and spreads each tile's
-            constants over its columns; pass 2 quantizes the rows. Returns the
-            (nonzero, zeroed) counts."""
-            w = seg1 - seg0
-            if G3 >= 16:  # long tiles (MX blocks): per tile, max then quantize, constants in registers
-                for a3 in range(0, w, G3):
-                    n3 = min(G3, w - a3)
-                    tmax = 0
-                    for row in rows:
-                        xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
-                        for j in range(n3):
-                            m = np.int64(xs[j]) & MAG
-                            tmax = max(tmax, m if m < EXP_INF else 0)
-                    c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
-                                                  maxkept, emaxq)
-                    for row in rows:
-                        base = row + seg0 + a3
-                        xs = xb[base:base + n3]
-                        os = ob[base:base + n3]
-                        for j in range(n3):
-                            r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
-                            os[j] = _elem(np.int64(xs[j]), KIND, MODE, c0, c1, c2, c3, man, ftz,
-                                          ovf_inf, inf_nan, r)
-            else:  # short tiles: column maxima over the rows, constants spread over columns
-                colmax[:w] = 0
-                c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
-                for row in rows:
-                    xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
-                    for j in range(w):
-                        m = np.int64(xs[j]) & MAG
-                        colmax[j] = max(colmax[j], m if m < EXP_INF else 0)
-                for a3 in range(0, w, G3):
-                    b3 = min(a3 + G3, w)
-                    tmax = 0
-                    for j in range(a3, b3):
-                        tmax = max(tmax, colmax[j])
-                    c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
-                                                  maxkept, emaxq)
-                    c_q[a3:b3] = c0
-                    c_p[a3:b3] = c1
-                    c_hi[a3:b3] = c2
-                    c_lo[a3:b3] = c3
-                for row in rows:
-                    base = row + seg0
-                    xs = xb[base:base + w]
-                    os = ob[base:base + w]
-                    for j in range(w):
-                        r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
-                        os[j] = _elem(np.int64(xs[j]), KIND, MODE, c_q[j], c_p[j], c_hi[j], c_lo[j],
-                                      man, ftz, ovf_inf, inf_nan, r)
-            nz = 0
-            zc = 0
-            if stats:  # second pass over the strip, still in cache
-                for row in rows:
-                    a, b = _count(xb[row + seg0:], ob[row + seg0:], w)
-                    nz += a
-                    zc += b
-            return nz, zc
-
-        @njit(parallel=True, cache=True)
-        def tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, emin, man,
-                  maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks):
-            """4-D tensor, tiles G; axis 3 is cut into segments of S3 (a multiple of
-            G3). Work items (tile of axes 0-2, segment) are spread over ``nchunks``."""
-            n1 = (D1 + G1 - 1) // G1
-            n2 = (D2 + G2 - 1) // G2
-            ns = (D3 + S3 - 1) // S3
-            nwork = ((D0 + G0 - 1) // G0) * n1 * n2 * ns
-            nz = 0
-            zc = 0
-            for c in prange(nchunks):
-                colmax = np.empty(S3, np.int64)
-                cq = np.empty((4, S3), np.int64)
-                rows = np.empty(G0 * G1 * G2, np.int64)
-                lnz = 0
-                lzc = 0
-                for t in range(c * nwork // nchunks, (c + 1) * nwork // nchunks):
-                    ts = t % ns
-                    t2 = (t // ns) % n2
-                    t1 = (t // (ns * n2)) % n1
-                    t0 = t // (ns * n2 * n1)
-                    nr = 0
-                    for i0 in range(t0 * G0, min(t0 * G0 + G0, D0)):
-                        for i1 in range(t1 * G1, min(t1 * G1 + G1, D1)):
-                            for i2 in range(t2 * G2, min(t2 * G2 + G2, D2)):
-                                rows[nr] = ((i0 * D1 + i1) * D2 + i2) * D3
-                                nr += 1
-                    a, b = strip(xb, ob, rows[:nr], ts * S3, min(ts * S3 + S3, D3), G3, colmax, cq,
-                                 scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                                 inf_nan, k0, k1, stats)
-                    lnz += a
-                    lzc += b
-                nz += lnz
-                zc += lzc
-            return nz, zc
-
-    return elementwise, tiled
+        strip = _specialise(_strip, KIND, MODE)
+        return (_specialise(_elementwise, KIND, MODE, parallel=True),
+                _specialise(_tiled, KIND, MODE, parallel=True, strip=strip))
 
 
 def run(xb: np.ndarray, ob: np.ndarray, rule, shape4, tile4, keys, stats: bool):
@@ -214,3 +267,25 @@ def run(xb: np.ndarray, ob: np.ndarray, rule, shape4, tile4, keys, stats: bool):
     nchunks = max(1, min(nwork, 8 * numba.get_num_threads()))
     return tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, emin, man,
                  maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks)
+
+
+@functools.lru_cache(maxsize=None)
+def inplace_kernels(KIND: int, MODE: int):
+    """``(round_inplace, add_round)`` for element-wise formats, compiled on first use."""
+    with _kernel_cache():
+        return (_specialise(_round_inplace, KIND, MODE, parallel=True),
+                _specialise(_add_round, KIND, MODE, parallel=True))
+
+
+def round_inplace(xb: np.ndarray, rule, keys) -> None:
+    """Quantize flat int32 bits ``xb`` in place to an element-wise format."""
+    kind, mode, _, _, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
+    inplace_kernels(kind, mode)[0](xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
+                                   inf_nan, *keys)
+
+
+def add_round(sb: np.ndarray, tb: np.ndarray, rule, keys) -> None:
+    """``s = q(s + t)`` in place on flat int32 bits, element-wise format."""
+    kind, mode, _, _, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
+    inplace_kernels(kind, mode)[1](sb, tb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
+                                   inf_nan, *keys)
