@@ -35,3 +35,13 @@ def test_a_failed_download_into_an_existing_directory_keeps_what_was_there(tmp_p
     with pytest.raises(data.DataError):
         data.load("CIFAR100", str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "old"]
+
+
+def test_an_interrupted_download_cleans_up_and_stays_an_interrupt(tmp_path, monkeypatch):
+    def interrupted(self):
+        __import__("pathlib").Path(self.root).mkdir(parents=True)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        data.load("CIFAR10", str(tmp_path / "c10"))
+    assert list(tmp_path.iterdir()) == []

@@ -278,8 +278,10 @@ def _cifar(name: str, path: Optional[str], download: bool):
     made, before = _first_missing(root), (set(root.iterdir()) if root.is_dir() else set())
     try:
         return (cls(str(root), train=True, download=True), cls(str(root), train=False, download=True))
-    except Exception as e:
+    except BaseException as e:  # Ctrl-C mid-download too: remove the partial files, then stop
         _remove_download_leftovers(root, made, before)
+        if not isinstance(e, Exception):
+            raise
         raise DataError(f"{name} is not under {str(root)!r} (expected torchvision's "
                         f"{cls.base_folder}/ folder there) and downloading it failed "
                         f"({type(e).__name__}: {e}). Put the dataset there, or pass -dp PATH "
