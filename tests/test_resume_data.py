@@ -100,3 +100,26 @@ def test_an_empty_image_folder_names_its_path(tmp_path, tiny_args, capsys):
     assert main(tiny_args("-d", "imagefolder", "-dp", str(tmp_path / "empty"))) == 2
     err = capsys.readouterr().err
     assert f"no images found under {tmp_path / 'empty' / 'train'}" in err and "Traceback" not in err
+
+
+def test_a_run_resumed_with_another_worker_count_ends_as_the_uninterrupted_one(tmp_path, tiny_args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bfp.engine import checkpoint as ckpt
+    from test_checkpoint_crash import CHILD, assert_same_checkpoint
+    _folder(tmp_path / "A")
+    common = tiny_args("-d", "imagefolder", "-dp", str(tmp_path / "A"), "--training-epochs", "2",
+                       "--save", "True", "--batch-size-train", "4")
+    assert main([*common, "--run-name", "straight"]) == 0
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", CHILD, "last.pt", "1", "after", *common, "--run-name", "k"],
+                          cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    run = tmp_path / "runs" / "k"
+    assert ckpt.load(run / "checkpoints" / "last.pt")["epoch"] == 1
+    assert main(["--resume", str(run), "--num-workers", "2", "--progress", "False", "--threads", "1"]) == 0
+    for name in ("last.pt", "best.pt"):
+        assert_same_checkpoint(ckpt.load(run / "checkpoints" / name),
+                               ckpt.load(tmp_path / "runs" / "straight" / "checkpoints" / name), name)
