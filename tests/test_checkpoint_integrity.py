@@ -24,7 +24,8 @@ def test_a_bit_flipped_checkpoint_is_refused_naming_the_member(tmp_path):
     path = tmp_path / "last.pt"
     ckpt.save({"w": torch.arange(100_000, dtype=torch.float32)}, path)
     _flip_100_bytes(path)
-    with pytest.raises(ckpt.CheckpointError, match=r"last\.pt' is corrupt: member '[^']*data/0' does not match its CRC-32"):
+    with pytest.raises(ckpt.CheckpointError,
+                       match=r"last\.pt' is corrupt: member '[^']*data/0' does not match its CRC-32"):
         ckpt.load(path)
 
 
