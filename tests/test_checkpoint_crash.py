@@ -87,9 +87,10 @@ def _kill_and_resume(tmp_path, tiny_args, straight, name, nth, phase):
 
 
 # Epoch 2 writes epoch_002.pt, best.pt (when its accuracy is the best so far), last.pt.
+# Writing last.pt first (as before) fails the first two: the resume would find the epoch done.
 @pytest.mark.parametrize("name, nth, phase", [
     ("epoch_002.pt", 1, "before"),   # after the epoch trained, before any of its files
-    ("epoch_002.pt", 1, "after"),    # between two files of the set
+    ("last.pt", 2, "after"),         # last.pt in place, nothing after it
     ("last.pt", 2, "mid"),           # half of last.pt in its temporary file
 ])
 def test_a_kill_during_the_checkpoint_writes_is_repaired_by_the_resume(tmp_path, tiny_args, straight,
@@ -100,7 +101,7 @@ def test_a_kill_during_the_checkpoint_writes_is_repaired_by_the_resume(tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize("name, nth, phase", [
     (n, 2 if n == "last.pt" else 1, ph) for n in ("epoch_002.pt", "last.pt") for ph in ("before", "mid", "after")
-    if (n, ph) not in (("epoch_002.pt", "before"), ("epoch_002.pt", "after"), ("last.pt", "mid"))
+    if (n, ph) not in (("epoch_002.pt", "before"), ("last.pt", "after"), ("last.pt", "mid"))
 ] + [("best.pt", 2, ph) for ph in ("before", "mid", "after")])
 def test_more_kill_points(tmp_path, tiny_args, straight, name, nth, phase):
     if name == "best.pt" and "best.pt" in straight and straight["best.pt"]["epoch"] != 2:

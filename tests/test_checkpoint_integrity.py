@@ -24,7 +24,8 @@ def test_a_bit_flipped_checkpoint_is_refused_naming_the_member(tmp_path):
     path = tmp_path / "last.pt"
     ckpt.save({"w": torch.arange(100_000, dtype=torch.float32)}, path)
     _flip_100_bytes(path)
-    with pytest.raises(ckpt.CheckpointError, match=r"last\.pt' is corrupt: member '[^']*data/0' does not match its CRC-32"):
+    with pytest.raises(ckpt.CheckpointError,
+                       match=r"last\.pt' is corrupt: member '[^']*data/0' does not match its CRC-32"):
         ckpt.load(path)
 
 
@@ -119,3 +120,17 @@ def test_too_little_space_for_the_set_writes_nothing_and_the_cli_says_so(tmp_pat
     assert list((tmp_path / "runs" / "full" / "checkpoints").iterdir()) == []
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=10 ** 12))
     assert checkpoint_set.write_set({"epoch": 1}, tmp_path / "ok", best=True, periodic=False)
+
+
+def test_checkpoints_carry_crcs_even_where_torch_turned_them_off(tmp_path):
+    path = tmp_path / "last.pt"
+    torch.serialization.set_crc32_options(False)
+    try:
+        ckpt.save({"w": torch.arange(100_000, dtype=torch.float32)}, path)
+        assert torch.serialization.get_crc32_options() is False  # the user's setting is kept
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert torch.equal(ckpt.load(path)["w"], torch.arange(100_000, dtype=torch.float32))
+    _flip_100_bytes(path)
+    with pytest.raises(ckpt.CheckpointError, match="does not match its CRC-32"):
+        ckpt.load(path)

@@ -17,12 +17,14 @@ def _mx_config(tmp_path, axis):
 
 
 @pytest.mark.parametrize("layer, type_name, allowed", [
-    (nn.Linear(4, 4), "Linear", "-2..1"), (nn.Conv2d(1, 2, 3), "Conv2d", "-4..3"), (nn.Conv1d(1, 2, 3), "Conv1d", "-3..2")])
+    (nn.Linear(4, 4), "Linear", "-2..1"), (nn.Conv2d(1, 2, 3), "Conv2d", "-4..3"),
+    (nn.Conv1d(1, 2, 3), "Conv1d", "-3..2")])
 def test_an_mx_axis_outside_the_layers_tensors_names_the_file_and_the_layer(tmp_path, layer, type_name, allowed):
     path = _mx_config(tmp_path, 9)
     model = nn.Sequential(layer)
-    with pytest.raises(ConfigError, match=rf"mx\.json: layer '0' \({type_name}\), point fw: MX axis 9 is out of "
-                                          rf"range; a {type_name}'s tensors have \d dimensions, allowed axes: {allowed}"):
+    with pytest.raises(ConfigError, match=rf"mx\.json: layer '0' \({type_name}\), point fw: MX axis 9 is out "
+                                          rf"of range; a {type_name}'s tensors have \d dimensions, "
+                                          rf"allowed axes: {allowed}"):
         bfp.convert(model, str(path))
 
 

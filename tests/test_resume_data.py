@@ -68,6 +68,24 @@ def test_resume_on_another_dataset_is_refused_by_name(tmp_path, saved_run, capsy
     assert "warning: the dataset differs" in capsys.readouterr().out
 
 
+def test_the_permission_to_change_data_is_not_inherited_by_a_later_resume(tmp_path, tiny_args, capsys):
+    from bfp.engine import checkpoint as ckpt
+    _folder(tmp_path / "A")
+    _folder(tmp_path / "B", n_train=5)
+    assert main(tiny_args("-d", "imagefolder", "-dp", str(tmp_path / "A"), "--training-epochs", "2", "--save",
+                          "True", "--save-interval", "1", "--run-name", "r")) == 0
+    ck = tmp_path / "runs" / "r" / "checkpoints"
+    (ck / "last.pt").unlink()  # branch from epoch 1, as docs/training.md describes
+    flags = ["--threads", "1", "--num-workers", "0", "--progress", "False"]
+    assert main([*flags, "--resume", str(ck / "epoch_001.pt"), "-dp", str(tmp_path / "B"),
+                 "--resume-allow-data-change"]) == 0
+    last = ckpt.load(ck / "last.pt")
+    assert last["epoch"] == 2 and last["extra"]["data"]["train_images"] == 10
+    capsys.readouterr()
+    assert main([*flags, "--resume", str(ck.parent), "-dp", str(tmp_path / "A")]) == 2
+    assert "train_images 10 -> 12" in capsys.readouterr().err
+
+
 def test_the_same_data_moved_elsewhere_resumes(tmp_path, saved_run):
     import shutil
     run, flags = saved_run
@@ -100,3 +118,26 @@ def test_an_empty_image_folder_names_its_path(tmp_path, tiny_args, capsys):
     assert main(tiny_args("-d", "imagefolder", "-dp", str(tmp_path / "empty"))) == 2
     err = capsys.readouterr().err
     assert f"no images found under {tmp_path / 'empty' / 'train'}" in err and "Traceback" not in err
+
+
+def test_a_run_resumed_with_another_worker_count_ends_as_the_uninterrupted_one(tmp_path, tiny_args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from bfp.engine import checkpoint as ckpt
+    from test_checkpoint_crash import CHILD, assert_same_checkpoint
+    _folder(tmp_path / "A")
+    common = tiny_args("-d", "imagefolder", "-dp", str(tmp_path / "A"), "--training-epochs", "2",
+                       "--save", "True", "--batch-size-train", "4")
+    assert main([*common, "--run-name", "straight"]) == 0
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", CHILD, "last.pt", "1", "after", *common, "--run-name", "k"],
+                          cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    run = tmp_path / "runs" / "k"
+    assert ckpt.load(run / "checkpoints" / "last.pt")["epoch"] == 1
+    assert main(["--resume", str(run), "--num-workers", "2", "--progress", "False", "--threads", "1"]) == 0
+    for name in ("last.pt", "best.pt"):
+        assert_same_checkpoint(ckpt.load(run / "checkpoints" / name),
+                               ckpt.load(tmp_path / "runs" / "straight" / "checkpoints" / name), name)

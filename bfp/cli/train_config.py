@@ -180,6 +180,8 @@ def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespa
         if k in RESUME_OVERRIDES:
             saved[k] = getattr(args, k)
     saved["resume"] = args.resume
+    # a permission of this invocation only: a later resume of the run must ask again
+    saved["resume_allow_data_change"] = args.resume_allow_data_change
     # flags added after the checkpoint was written take their defaults
     new = argparse.Namespace(**{**vars(parser.parse_args([])), **saved})
     new.explicit = args.explicit

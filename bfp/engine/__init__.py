@@ -1,13 +1,16 @@
 """Training engine shared by the scripts (cifar.py, later imagenet.py); it knows no flags.
 
     data        datasets and loaders (digits, CIFAR, image folders; on-device augmentation)
+    augment     DataLoader augmentation independent of the worker count
+    fingerprint a dataset's classes, counts and sizes, checked on resume
     schedule    cosine learning rate, epoch-keyed precision/optimizer plans (conf_train)
     callbacks   the Callback API (dynamic precision and Slack plug in here)
     checkpoint  atomic save, CRC-verified weights-only load, RNG state
     checkpoint_set  last/best/epoch_NNN written complete or absent; newest intact checkpoint
     ranks       which process writes (rank 0)
     logs        run directory, text log, metrics, TensorBoard
-    slack       Slack progress messages
+    slack       Slack progress messages (background sender)
+    redact      whole-token masking of secrets in what a run writes
     step        one training step (the strategy a Trainer is given)
     trainer     the Trainer
     plots       loss/accuracy curves of runs (draw_curve.py)

@@ -59,16 +59,41 @@ def atomic_file(path: os.PathLike | str, mode: str = "wb", **open_kw) -> Iterato
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _sync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
 
 
+def _sync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable, so files replaced one after another stay in
+    that order after a power loss (where the platform can open directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot sync a directory; the rename itself is atomic
+    finally:
+        os.close(fd)
+
+
 def serialize(obj: dict[str, Any]) -> bytes:
     """The bytes ``save`` writes: ``obj`` tagged with our format and version, as ``torch.save``
-    writes it (a zip archive with a CRC-32 per member)."""
-    buf = io.BytesIO()
-    torch.save({"format": FORMAT, "version": VERSION, **obj}, buf)
+    writes it (a zip archive with a CRC-32 per member, which ``verify`` checks; computed even
+    where ``torch.serialization.set_crc32_options(False)`` turned them off)."""
+    get_crc = getattr(torch.serialization, "get_crc32_options", None)
+    off = get_crc is not None and not get_crc()
+    if off:
+        torch.serialization.set_crc32_options(True)
+    try:
+        buf = io.BytesIO()
+        torch.save({"format": FORMAT, "version": VERSION, **obj}, buf)
+    finally:
+        if off:
+            torch.serialization.set_crc32_options(False)
     return buf.getvalue()
 
 

@@ -15,13 +15,13 @@
 
 Two loader kinds, both iterating ``(images, labels)`` batches, with
 ``set_epoch``-free determinism: their randomness comes from one
-``torch.Generator`` each (saved in checkpoints) and the global torch RNG.
+``torch.Generator`` each (saved in checkpoints).
 
 * ``TensorLoader`` keeps the whole dataset as one uint8 tensor on a device
   and crops/flips whole batches there (``--gpu-data``; always used for digits).
   Small models then run at the speed of the GPU, not of the data loader.
-* a torch ``DataLoader`` over torchvision transforms (the default for CIFAR and
-  image folders).
+* a torch ``DataLoader`` decoding with torchvision and augmenting with
+  ``bfp.engine.augment`` (the default for CIFAR and image folders).
 
 Test data is never augmented. The DataLoader path draws its shuffle order and
 per-sample augmentation keys in the main process (``bfp.engine.augment``), so
@@ -343,15 +343,18 @@ def _image_folder(path: Optional[str]):
         raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
-    try:
-        train = torchvision.datasets.ImageFolder(str(root / "train"))
-        test = torchvision.datasets.ImageFolder(str(test_dir))
-    except FileNotFoundError as e:  # torchvision's "Found no valid file for the classes ..." names no folder
-        raise DataError(f"{root}: no images found under {root / 'train'} or {test_dir} "
-                        f"(each needs <class>/ folders holding image files): {e}") from None
+    train, test = _open_folder(torchvision, root / "train"), _open_folder(torchvision, test_dir)
     if train.classes != test.classes:
         raise DataError(f"{root}: train and test class folders differ: {train.classes} vs {test.classes}")
     return train, test
+
+
+def _open_folder(torchvision, folder: Path):
+    try:
+        return torchvision.datasets.ImageFolder(str(folder))
+    except FileNotFoundError as e:  # torchvision's "Found no valid file for the classes ..." names no folder
+        raise DataError(f"no images found under {folder} (it needs <class>/ folders holding image "
+                        f"files): {e}") from None
 
 
 def _to_tensor_dataset(ds) -> TensorDataset:
