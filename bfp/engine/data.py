@@ -11,7 +11,9 @@
   ``test``; ``path`` may also be the folder holding that one directory, as an
   unpacked tarball), images resized to 32x32 if they are not. ``CIFAR10`` with
   a ``path`` that is such a folder and has no torchvision files (the JPEG
-  CIFAR-10) loads the folder with CIFAR-10's normalisation.
+  CIFAR-10) loads the folder with CIFAR-10's normalisation. Files are decoded
+  by ``bfp.engine.images``: any mode as RGB, GIFs included; unreadable ones are
+  skipped and reported once (``strict_images``: refused before training).
 
 Two loader kinds, both iterating ``(images, labels)`` batches, with
 ``set_epoch``-free determinism: their randomness comes from one
@@ -28,6 +30,7 @@ Test data is never augmented.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -35,6 +38,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from . import images
 
 DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
 CIFAR_MEAN = {"CIFAR10": (0.4914, 0.4822, 0.4465), "CIFAR100": (0.5071, 0.4865, 0.4409)}
@@ -146,12 +151,15 @@ class TensorLoader:
 
 def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, batch_size_test: int = 256,
          num_workers: int = 2, device: Any = "cpu", gpu_data: bool = False, seed: int = 0,
-         channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0) -> DataBundle:
+         channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0,
+         strict_images: bool = False) -> DataBundle:
     """Train/test loaders for dataset ``name`` (see the module docstring).
 
     ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
     ``seed`` seeds the generator that shuffles and augments the training set.
     ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
+    ``strict_images``: decode every image-folder file first and refuse unreadable ones
+    (``bfp.engine.images``); otherwise they are skipped and reported.
     """
     name = canonical_name(name)
     if channels != 3 and name != "digits":
@@ -177,6 +185,12 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     classes = list(train_ds.classes)
     train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
     _check_train_size(name, len(train_ds))
+    if folder and strict_images:
+        for ds in (train_ds, test_ds):
+            try:
+                images.check_readable(ds)
+            except images.UnreadableImages as e:
+                raise DataError(f"--strict-images: {e}") from None
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
         return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -190,9 +204,13 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     pin = torch.device(device).type == "cuda"
     common = dict(num_workers=num_workers, pin_memory=pin, persistent_workers=False)
     # A last batch of one image would break BatchNorm in training mode: drop it.
+    if folder:  # unreadable files are dropped from their batch and reported (bfp.engine.images)
+        common["collate_fn"] = images.collate
     train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train, shuffle=True, generator=g,
                                         drop_last=len(train_ds) % batch_size_train == 1, **common)
     test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
+    if folder:
+        train, test = images.SkippingLoader(train, min_batch=2), images.SkippingLoader(test)
     return DataBundle(name, train, test, len(classes), 3, classes, g)
 
 
@@ -282,7 +300,6 @@ def find_image_folder(path: Path) -> Optional[Path]:
 
 
 def _image_folder(path: Optional[str]):
-    import torchvision
     if not path:
         raise DataError("--dataset imagefolder needs -dp/--dataset-path DIR with train/ and test/ "
                         "class folders")
@@ -294,8 +311,7 @@ def _image_folder(path: Optional[str]):
         raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
-    train = torchvision.datasets.ImageFolder(str(root / "train"))
-    test = torchvision.datasets.ImageFolder(str(test_dir))
+    train, test = images.ImageFolder(str(root / "train")), images.ImageFolder(str(test_dir))
     if train.classes != test.classes:
         raise DataError(f"{root}: train and test class folders differ: {train.classes} vs {test.classes}")
     return train, test
@@ -316,11 +332,14 @@ def _to_tensor_dataset(ds) -> TensorDataset:
     from PIL import Image
     imgs, labels = [], []
     for p, y in ds.samples:
-        with Image.open(p) as im:
-            im = im.convert("RGB")
-            if im.size != (32, 32):
-                im = im.resize((32, 32), Image.BILINEAR)
-            imgs.append(TF.pil_to_tensor(im))
+        try:
+            im = images.load_rgb(p)
+        except images.UnreadableImage as e:
+            print(f"warning: skipping unreadable image {e.path}: {e.reason}", file=sys.stderr)
+            continue
+        if im.size != (32, 32):
+            im = im.resize((32, 32), Image.BILINEAR)
+        imgs.append(TF.pil_to_tensor(im))
         labels.append(y)
     return TensorDataset(torch.stack(imgs), torch.tensor(labels))
 
