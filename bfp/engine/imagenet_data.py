@@ -1,7 +1,8 @@
 """ImageNet-style data for ``imagenet.py``: an image-folder tree at any image size.
 
 ``load_imagenet(path, image_size, ...)`` reads ``path/train/<class>/*`` and
-``path/val/<class>/*`` (``test/`` is accepted for ``val/``; ``path`` may be
+``path/val/<class>/*`` (``path`` defaults to ``$BFP_IMAGENET_DIR``, else
+``data/imagenet``; ``test/`` is accepted for ``val/``; ``path`` may be
 the folder holding that one tree, as an unpacked tarball) with the standard
 ImageNet transforms of the PyTorch example, scaled to ``image_size``:
 training ``RandomResizedCrop(image_size)`` and a random horizontal flip,
@@ -14,6 +15,7 @@ generator and the global torch RNG, as ``bfp.engine.data``'s loaders do.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,15 +25,21 @@ from . import images
 from .data import IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit, find_image_folder
 
 
+def default_dir() -> str:
+    """Where the tree is when no DIR is given: ``$BFP_IMAGENET_DIR`` (the Docker image sets
+    ``/dataset/imagenet``, where the seed's ``docker run --mount`` puts it), else ``data/imagenet``."""
+    return os.environ.get("BFP_IMAGENET_DIR") or os.path.join("data", "imagenet")
+
+
 def tree(path: Optional[str]) -> tuple[Path, Path]:
-    """``(train_dir, val_dir)`` of the tree at ``path``; ``DataError`` naming what is missing."""
-    if not path:
-        raise DataError("imagenet.py needs the dataset directory: DIR (or --data DIR / -dp DIR) holding "
-                        "train/ and val/ class folders")
+    """``(train_dir, val_dir)`` of the tree at ``path`` (default ``default_dir()``);
+    ``DataError`` naming what is missing."""
+    path = path or default_dir()
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"{str(path)!r} is not a directory; expected DIR/train/<class>/*.JPEG and "
-                        f"DIR/val/<class>/*.JPEG")
+                        f"DIR/val/<class>/*.JPEG (give DIR, --data DIR or -dp DIR; default $BFP_IMAGENET_DIR "
+                        f"or data/imagenet)")
     root = find_image_folder(p)
     if root is None:
         raise DataError(f"{str(path)!r} has no train/ and val/ class folders (found: "
