@@ -92,7 +92,7 @@ def test_train_with_bfp_and_do_skipping_bad_images_then_resume_and_evaluate(tmp_
     runs = tmp_path / "runs"
     args = quick(tmp_path / "t", runs, "--epochs", "2", "--bfp", "ResNet18_FB12LG24", "--do",
                  "Simple/0.6/0.8/0/1", "--do-every", "2", "--save", "True", "--save-interval", "1",
-                 "--log", "True", "--run-name", "r", "-b", "5")  # 15 files: 3 steps an epoch
+                 "--log", "True", "--run-name", "r", "-b", "5", "-p", "2")  # 15 files: 3 steps an epoch
     assert run_task("imagenet", args) == 0
     out, err = capsys.readouterr()
     run = runs / "r"
@@ -101,6 +101,7 @@ def test_train_with_bfp_and_do_skipping_bad_images_then_resume_and_evaluate(tmp_
     log = (run / "log.txt").read_text()
     assert log.count("skipped 3 unreadable train image(s)") == 2
     assert "dynamic precision decision 1 (step 4" in out
+    assert "step 2 (epoch 1/2): lr 0.100000" in out and "step 4 (epoch 2/2): lr 0.010000, " in out  # -p 2
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # epoch 0 trains at 0.1, epoch 1 (past the first third) at 0.1 * 0.1; "lr" is the next step's
     assert [m["lr"] for m in metrics] == [0.1 * 0.1, 0.1 * 0.1]
@@ -135,3 +136,29 @@ def test_train_with_bfp_and_do_skipping_bad_images_then_resume_and_evaluate(tmp_
 def test_bad_flags_exit_2_naming_the_value(tmp_path, capsys, flags, message):
     assert run_task("imagenet", quick(tmp_path / "none", tmp_path / "runs", *flags)) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, every", [(["--do", "Simple/0.1/0.2/50/1"], 500),
+                                          (["--do", "Simple/0.1/0.2/50/1/5"], "epoch"),  # the seed's: spec says 5
+                                          (["--do", "Simple/0.1/0.2/50/1", "--do-every", "7"], 7)])
+def test_do_decides_every_500_steps_unless_told_otherwise(extra, every):
+    from bfp.cli.run import check_args
+    from bfp.cli.tasks import IMAGENET
+    from bfp.cli.train_config import parse_args
+    args, _, _ = parse_args(IMAGENET, ["--arch", "resnet18", "--bfp", "ResNet18_FB12LG24", *extra])
+    args.plan_has_precision = False
+    check_args(IMAGENET, args)
+    assert args.do_every == every and args.lr_schedule == "thirds" and args.training_epochs == 90
+    assert (args.batch_size_train, args.num_workers, args.optim_weight_decay) == (256, 4, 1e-4)
+
+
+def test_the_examples_spellings_set_the_shared_flags():
+    from bfp.cli.flags import build_parser
+    from bfp.cli.tasks import IMAGENET
+    p = build_parser(IMAGENET)
+    a = p.parse_args(["DIR", "-a", "vgg16", "-j", "3", "-b", "64", "--epochs", "9", "--lr", "0.2", "--momentum",
+                      "0.8", "--wd", "0.002", "--gpu", "1", "--seed", "5"])
+    assert (a.dataset_path, a.model, a.num_workers, a.batch_size_train, a.training_epochs, a.optim_lr) == \
+        ("DIR", "vgg16", 3, 64, 9, 0.2)
+    assert (a.optim_momentum, a.optim_weight_decay, a.device, a.seed) == (0.8, 0.002, "cuda:1", 5)
+    assert p.parse_args(["--data", "D"]).dataset_path == "D" and p.parse_args([]).dataset_path is None

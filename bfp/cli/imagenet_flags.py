@@ -5,8 +5,9 @@ The example's flags are aliases writing the shared flags' values
 ``--optim-lr`` ...), so checkpoints, ``-tc`` files and ``--resume`` treat them
 as one flag. Its defaults replace the shared ones: 90 epochs, batch 256,
 4 workers, weight decay 1e-4, the learning rate 10x lower at each third
-(``--lr-schedule thirds``) and dynamic precision deciding every 500 steps,
-as the original simulator ran ImageNet. Booleans stand alone as in the
+(``--lr-schedule thirds``) and dynamic precision deciding every 500 steps
+unless the ``--do`` spec or ``--do-every`` says otherwise, as the original
+simulator ran ImageNet. Booleans stand alone as in the
 example (``--multiprocessing-distributed``) or take True/False as cifar.py's.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ ALIASES = {  # the example's option strings -> the shared flag's dest
 METAVARS = {"model": "ARCH", "optim_lr": "LR", "optim_momentum": "M", "optim_weight_decay": "W",
             "dataset_path": "DIR"}
 DEFAULTS = dict(training_epochs=None, batch_size_train=256, num_workers=4, optim_weight_decay=1e-4,
-                do_every=500, dataset="imagenet", model="resnet18")
+                dataset="imagenet", model="resnet18")
+DO_EVERY = 500  # steps between --do decisions when neither the spec nor --do-every gives them
 
 
 def _gpu(v: str) -> str:
@@ -44,7 +46,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     """Add the example's aliases and flags to the shared parser (``build_parser``)."""
     types = _types(parser)
     b = dict(type=types["log"], nargs="?", const=True, default=False, metavar="BOOL")  # the shared booleans
-    g = parser.add_argument_group("PyTorch ImageNet example flags (aliases of the flags above, and more)")
+    g = parser.add_argument_group(
+        "PyTorch ImageNet example flags (aliases of the flags above, and more)",
+        f"--do decides every {DO_EVERY} steps here unless its spec or --do-every gives the interval")
     g.add_argument("dataset_path", nargs="?", default=argparse.SUPPRESS, metavar="DIR",
                    help="dataset directory with train/ and val/ class folders (same as --data / -dp)")
     for options, dest in ALIASES.items():

@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
+from ..dynamic import parse_spec
 from ..engine.callbacks import Callback
 from ..engine.imagenet_data import load_imagenet
 from ..models import torchvision_models as tv
@@ -68,6 +69,13 @@ class ImagenetHooks:
                              "fit: leave it out")
         if args.in_channels != 3:
             raise ValueError(f"--in-channels {args.in_channels}: imagenet.py images have 3 channels")
+        if args.do and "do_every" not in args.explicit:
+            try:
+                spec = parse_spec(args.do)
+            except ValueError as e:
+                raise ValueError(f"--do {args.do}: {e}") from None
+            if spec.every is None:
+                args.do_every = imagenet_flags.DO_EVERY  # the original's ImageNet interval
         if args.evaluate and not (args.resume or args.pretrained):
             raise ValueError("-e/--evaluate needs weights: --resume RUN_OR_CHECKPOINT or --pretrained [PATH]")
 
