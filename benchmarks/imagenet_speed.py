@@ -9,7 +9,7 @@ and first-touch allocation). Data loading (JPEG decode, RandomResizedCrop) is
 included, in the main process (``-j 0``) so the two sides share the same
 cores. Configs alternate within each size, the order flipping every round.
 
-    python benchmarks/imagenet_speed.py --sizes 64 224 --images 16 --batch 8 --threads 2
+    python benchmarks/imagenet_speed.py --sizes 64 224 --images 16 --batch 8 --threads 1
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def main() -> None:
     p.add_argument("--arch", default="resnet18")
     p.add_argument("--images", type=int, default=16, help="training images per epoch")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch and numba threads; on a shared 2-core VM 2 threads ran 8x slower than 1")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json", default=None)
     a = p.parse_args()

@@ -73,3 +73,12 @@ def test_cifar_image_folder_skips_bad_files_and_strict_refuses_them(tmp_path, ti
     err = capsys.readouterr().err
     assert "--strict-images: 3 of 15 images cannot be read" in err and all(str(p) in err for p in bad.values())
     assert not (tmp_path / "runs" / "strict").exists()
+
+
+def test_gpu_data_decoding_skips_bad_files_with_a_warning(tmp_path, capsys):
+    from bfp.engine import data
+    bad = make_tree(tmp_path)
+    bundle = data.load("imagefolder", str(tmp_path), batch_size_train=4, num_workers=0, gpu_data=True)
+    assert len(bundle.train.dataset) == 12 and len(bundle.test.dataset) == 12
+    err = capsys.readouterr().err
+    assert all(err.count(f"skipping unreadable image {p}:") == 1 for p in bad.values())

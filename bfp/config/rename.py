@@ -16,7 +16,7 @@ import dataclasses
 import re
 from typing import Iterable, Mapping
 
-from .rules import NetConfig, Rule
+from .rules import NetConfig
 
 
 def _rename(pattern: str, renames: Iterable[tuple[str, str]]) -> str:

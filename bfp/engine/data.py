@@ -326,8 +326,8 @@ def _to_tensor_dataset(ds) -> TensorDataset:
             return TensorDataset(full.images[idx], full.labels[idx])
         ds = _SubsetView(ds)
     if hasattr(ds, "data") and isinstance(ds.data, np.ndarray):  # CIFAR: [N, 32, 32, 3] uint8
-        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
-        return TensorDataset(images, torch.as_tensor(ds.targets))
+        data = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+        return TensorDataset(data, torch.as_tensor(ds.targets))
     import torchvision.transforms.functional as TF
     from PIL import Image
     imgs, labels = [], []
