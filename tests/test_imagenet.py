@@ -85,6 +85,14 @@ def test_pretrained_weights_only_from_disk(tmp_path, capsys, monkeypatch):
     assert run_task("imagenet", quick(tmp_path / "t", tmp_path / "runs", "--pretrained", "-e")) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'hub'}/hub/checkpoints/resnet18-" in err and "never downloaded" in err
+    import torchvision
+    weights = torchvision.models.resnet18(num_classes=1000).state_dict()  # an ImageNet-shaped classifier
+    torch.save(weights, tmp_path / "w.pth")
+    assert run_task("imagenet", quick(tmp_path / "t", tmp_path / "runs", "--pretrained", str(tmp_path / "w.pth"),
+                                      "-e")) == 0
+    out = capsys.readouterr().out
+    assert f"pretrained: {len(weights) - 2} tensors from {tmp_path / 'w.pth'}; kept initialised (shape differs " \
+           "or absent): fc.bias, fc.weight" in out and "top-1 " in out
 
 
 def test_train_with_bfp_and_do_skipping_bad_images_then_resume_and_evaluate(tmp_path, capsys):
