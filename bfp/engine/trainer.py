@@ -1,6 +1,6 @@
 """The training loop: one ``Trainer`` per run, shared by every script on the engine.
 
-It owns the loop, evaluation, the cosine learning-rate schedule, the epoch
+It owns the loop, evaluation, the learning-rate schedule (cosine, or thirds), the epoch
 plan of network-config/optimizer switches, metrics, checkpoints and the
 callbacks. Its collaborators are injected: an optimizer factory
 (``bfp.optim``, SGD by default), a mixed-precision policy (``bfp.amp``:
