@@ -1,9 +1,21 @@
-# bfpsim with CUDA PyTorch:  docker build . -t $(whoami)/bfpsim:latest
+# bfpsim with CUDA PyTorch (the README's Docker section):
+#   docker build . -t $(whoami)/bfpsim:latest
 # devel, not runtime: Numba's CUDA kernels need the toolkit's NVVM/libdevice.
 FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    BFP_IMAGENET_DIR=/dataset/imagenet \
+    TORCH_HOME=/app/.torch
 WORKDIR /app
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 COPY . .
-# Editable: the README's `docker run -v "$(pwd)":/app` mounts the working tree over /app.
-RUN pip install -e ".[test,cuda]"
-CMD ["python3", "-u", "cifar.py", "--help"]
+# Editable: `docker run -v "$(pwd)":/app` mounts a working tree over /app and runs it.
+RUN pip install --no-cache-dir -e ".[cuda]" \
+    && useradd --create-home --uid 1000 --user-group bfp \
+    && mkdir -p /app/runs /app/data /app/.torch /dataset \
+    && chown -R bfp:bfp /app/runs /app/data /app/.torch
+# bfp (uid 1000); the seed's `docker run --user "$(id -u):$(id -g)"` replaces it with yours.
+USER 1000:1000
+# Runs (logs, TensorBoard events, checkpoints) and datasets live outside the image.
+VOLUME ["/app/runs", "/dataset"]
+CMD ["python3", "-u", "imagenet.py", "--help"]

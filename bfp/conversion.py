@@ -19,8 +19,8 @@ from typing import Any, Optional
 import torch.nn as nn
 
 from . import layers as L
-from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, legacy_dict,
-                     legacy_entry, load_config)
+from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
+                     legacy_dict, legacy_entry, load_config)
 from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
 from .precision import POINTS, LayerPrecision
 
@@ -76,6 +76,8 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
     layers = convertible_layers(model)
+    if getattr(model, "bfp_config_renames", ()):  # torchvision models: CIFAR preset names (bfp.config.rename)
+        cfg = adapt_names(cfg, model.bfp_config_renames, layers)
     modules = {n: type(m).__name__ for n, m in model.named_modules()}
     plan = cfg.assign(layers, modules)
     # id(module) -> what stands for it under every name: a module shared by several

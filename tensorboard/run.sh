@@ -1,21 +1,42 @@
 #!/usr/bin/env bash
 # Serve the TensorBoard of every run under ../runs on PORT (default 6006).
-#   cd tensorboard && ./run.sh 6006
-# Uses docker (image tensorflow/tensorflow) when docker is available and
-# BFP_TB_LOCAL is not set; otherwise the local `tensorboard` (pip install tensorboard).
+#   cd tensorboard && ./run.sh 6006              # http://127.0.0.1:6006/, this machine only
+#   ./run.sh 6006 --bind-all                     # every interface: anyone who reaches this host sees the logs
+# BFP_TB_BIND_ALL=1 does what --bind-all does; BFP_RUNS=DIR serves DIR instead of ../runs.
+# Uses docker (image tensorflow/tensorflow) when docker is available and BFP_TB_LOCAL is not set;
+# otherwise the local `tensorboard` (pip install tensorboard).
 set -euo pipefail
-PORT="${1:-6006}"
-case "$PORT" in (*[!0-9]*|'') echo "run.sh: PORT must be a number, got '$PORT'" >&2; exit 2;; esac
+PORT=6006
+BIND_ALL="${BFP_TB_BIND_ALL:-}"
+case "$BIND_ALL" in (""|0|false|False|no) BIND_ALL="";; (*) BIND_ALL=1;; esac
+for arg in "$@"; do
+  case "$arg" in
+    (--bind-all) BIND_ALL=1;;
+    (-h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0;;
+    (*[!0-9]*|'') echo "run.sh: expected PORT (a number) or --bind-all, got '$arg'" >&2; exit 2;;
+    (*) PORT="$arg";;
+  esac
+done
+if [ "$PORT" -lt 1 ] || [ "$PORT" -gt 65535 ]; then
+  echo "run.sh: PORT must be in 1..65535, got $PORT" >&2; exit 2
+fi
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOGDIR="${BFP_RUNS:-$HERE/../runs}"
 mkdir -p "$LOGDIR"
 LOGDIR="$(cd "$LOGDIR" && pwd)"
+if [ -n "$BIND_ALL" ]; then
+  HOST_ARGS=(--bind_all); PUBLISH="$PORT:6006"; URL="http://$(hostname):$PORT/ (every interface)"
+else
+  HOST_ARGS=(--host 127.0.0.1); PUBLISH="127.0.0.1:$PORT:6006"; URL="http://127.0.0.1:$PORT/ (this machine only; --bind-all opens it)"
+fi
+echo "TensorBoard of $LOGDIR at $URL"
 if [ -z "${BFP_TB_LOCAL:-}" ] && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
-  exec docker run --rm -d --name "bfpsim-tensorboard-$PORT" -p "$PORT:6006" \
+  # inside the container TensorBoard listens on every interface; -p decides what the host exposes
+  exec docker run --rm -d --name "bfpsim-tensorboard-$PORT" -p "$PUBLISH" \
     -v "$LOGDIR:/runs:ro" tensorflow/tensorflow:latest \
     tensorboard --logdir /runs --bind_all --port 6006
 fi
 if command -v tensorboard >/dev/null 2>&1; then
-  exec tensorboard --logdir "$LOGDIR" --bind_all --port "$PORT"
+  exec tensorboard --logdir "$LOGDIR" "${HOST_ARGS[@]}" --port "$PORT"
 fi
-exec python3 -m tensorboard.main --logdir "$LOGDIR" --bind_all --port "$PORT"
+exec python3 -m tensorboard.main --logdir "$LOGDIR" "${HOST_ARGS[@]}" --port "$PORT"

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 # What each console script must answer --help for: the script itself and its subcommands.
-HELP_ARGS = {"bfp": [[], ["cifar"], ["generate-config"], ["plot"]]}
+HELP_ARGS = {"bfp": [[], ["cifar"], ["imagenet"], ["generate-config"], ["plot"]]}
 
 
 def run_entry(target: str, args, cwd=None):

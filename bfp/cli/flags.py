@@ -93,6 +93,8 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="train on N training images spread evenly over the set (smoke tests; 0: all)")
     g.add_argument("--limit-test-images", type=int, default=0, metavar="N",
                    help="evaluate on N test images spread evenly over the set (0: all)")
+    g.add_argument("--strict-images", **b, default=False, help="image folders: decode every file first and refuse "
+                   "unreadable ones (default: skip and report them; bfp.engine.images)")
     g.add_argument("--bfp", dest="network_config", default=None, metavar="CONFIG",
                    help="network config: a preset name from conf_net/ (e.g. ResNet18_FB16), a JSON path; "
                         "omitted: FP32")
@@ -160,4 +162,6 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="channel to post to (default from $BFP_SLACK_CHANNEL)")
     g.add_argument("--slack-base-url", default=None, help=argparse.SUPPRESS)  # tests: a local server
     add_resume_flags(p, b)
+    if task.hooks is not None:  # imagenet.py: the PyTorch ImageNet example's flags (bfp.cli.imagenet_flags)
+        task.hooks.add_flags(p)
     return p

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..conversion import conversion_report
 from ..conversion import generate_config as config_of
 from ..engine.checkpoint import atomic_file
 from .flags import UsageError
@@ -15,8 +16,9 @@ from .tasks import Task
 
 def generate_config(task: Task, args: argparse.Namespace, stream=None) -> Path:
     model = make_model(task, args, task.classes(args.dataset), args.in_channels)
-    if args.network_config:
+    if args.network_config:  # the config as converted: the report shows which layers stay FP32
         model = convert(model, args.network_config, "--bfp")
+        print(conversion_report(model), file=stream or sys.stdout)
     cfg = config_of(model)
     out = Path(args.config_out or Path("conf_net") / f"{args.model}_generated.json")
     if out.exists() and not args.overwrite:

@@ -1,6 +1,7 @@
 """Entry points: ``run_task`` behind each script (``cifar.py``) and the ``bfp`` command.
 
     bfp cifar ARGS              same as python cifar.py ARGS
+    bfp imagenet ARGS           same as python imagenet.py ARGS
     bfp generate-config ARGS    same as python cifar.py --mode generate-config ARGS
     bfp plot RUN_DIR ...        same as python draw_curve.py RUN_DIR ...
 """
@@ -12,6 +13,7 @@ from typing import Optional, Sequence
 from ..engine.checkpoint import CheckpointError
 from . import plot
 from .compare import compare
+from .evaluate import evaluate
 from .flags import UsageError
 from .generate import generate_config
 from .run import check_args, train
@@ -23,14 +25,24 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
     """Parse ``argv`` as the task's script does and run it; returns the exit status."""
     task = get_task(task_name)
     prog = prog or task.prog
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args, plan, _ = parse_args(task, argv)
         if args.resume:
             args, plan = apply_resume(task, args)
         args.plan_has_precision = bool(plan.precision)
         check_args(task, args)
+        if task.hooks is not None:  # imagenet.py's distributed flags: set the environment or spawn workers
+            try:
+                status = task.hooks.before_run(task, args, argv)
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+            if status is not None:
+                return status
         if args.mode == "generate-config":
             generate_config(task, args)
+        elif getattr(args, "evaluate", False):
+            evaluate(task, args, plan)
         elif args.compare:
             compare(task, args, plan)
         else:

@@ -21,6 +21,7 @@ from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
 from ..engine import checkpoint_set
 from ..engine import data as data_mod
+from ..engine import images
 from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
@@ -70,9 +71,12 @@ def cpu_threads(n: int):
 
 
 def check_args(task: Task, args: argparse.Namespace) -> None:
+    hooks = task.hooks
     try:
-        args.model = models.canonical_name(args.model)
-        args.dataset = data_mod.canonical_name(args.dataset)
+        args.model = (hooks.canonical_model if hooks else models.canonical_name)(args.model)
+        args.dataset = (hooks.canonical_dataset if hooks else data_mod.canonical_name)(args.dataset)
+        if hooks:
+            hooks.check_args(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.training_epochs is None:
@@ -98,12 +102,13 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
 
 def make_model(task: Task, args: argparse.Namespace, num_classes: int, in_channels: int):
     try:
-        model = models.create(args.model, num_classes, in_channels, **dict(args.model_opt))
-    except ValueError as e:
+        model = task.hooks.make_model(args, num_classes) if task.hooks else \
+            models.create(args.model, num_classes, in_channels, **dict(args.model_opt))
+    except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
     # A model built for another image size (MLPMixer's image_size) fails now with
     # its options named, not mid-training.
-    size = task.image_size
+    size = task.hooks.image_size(args) if task.hooks else task.image_size
     try:
         with torch.no_grad():
             model.eval()(torch.zeros(2, in_channels, size, size))
@@ -148,7 +153,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     resume_path = checkpoint_set.resolve(args.resume) if args.resume else None
     state = checkpoint_set.load_with_hint(resume_path, map_location="cpu") if resume_path else None
     seed_everything(args.seed)
-    data = load_data(args, device)
+    data = load_data(args, device, task)
     data_note = check_data(args, resume_path, state, data) if state is not None else None
     config = train_config(args, plan, device)
     model = make_model(task, args, data.num_classes, data.in_channels)
@@ -175,7 +180,8 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     try:
         trainer = Trainer(model, data, config, device=device, log=log,
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
-                          callbacks=make_callbacks(args, model, token, run_dir, log), plan=plan,
+                          callbacks=make_callbacks(args, model, token, run_dir, log) + images.report_callbacks(data)
+                          + (task.hooks.callbacks(args) if task.hooks else []), plan=plan,
                           network_config=initial, name=args.model, optimizer_factory=sgd,
                           amp=MixedPrecision(config.compute_dtype, device.type), step=PlainStep(),
                           extra_state={"args": public_args, "plan": plan.to_json(),
@@ -210,12 +216,15 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
             "model": trainer.model}
 
 
-def load_data(args: argparse.Namespace, device: torch.device):
+def load_data(args: argparse.Namespace, device: torch.device, task: Optional[Task] = None):
     try:
+        if task is not None and task.hooks is not None:
+            return task.hooks.load_data(args, device)
         return data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
                              batch_size_test=args.batch_size_test, num_workers=args.num_workers,
                              device=device, gpu_data=args.gpu_data, seed=args.seed, channels=args.in_channels,
-                             limit_train=args.limit_train_images, limit_test=args.limit_test_images)
+                             limit_train=args.limit_train_images, limit_test=args.limit_test_images,
+                             strict_images=args.strict_images)
     except (DataError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
 
@@ -230,7 +239,7 @@ def train_config(args: argparse.Namespace, plan: EpochPlan, device: torch.device
                            weight_decay=args.optim_weight_decay, warmup_epochs=args.warmup_epochs,
                            compute_dtype=args.compute_dtype, label_smoothing=args.label_smoothing,
                            save_interval=args.save_interval, histograms=args.histograms,
-                           progress=args.progress)
+                           progress=args.progress, lr_schedule=getattr(args, "lr_schedule", "cosine"))
     except ValueError as e:
         raise UsageError(str(e)) from None
 

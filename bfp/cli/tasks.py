@@ -8,6 +8,9 @@ checkpoints, logs) is shared.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .imagenet_task import ImagenetHooks
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,10 @@ class Task:
     epochs_by_dataset: dict[str, int] = field(default_factory=dict)
     classes_by_dataset: dict[str, int] = field(default_factory=dict)
     default_classes: int = 10
+    # None: cifar.py's models, data and flags. Otherwise an object whose methods
+    # bfp.cli.run/main call instead (add_flags, canonical_model, canonical_dataset,
+    # check_args, image_size, make_model, load_data, callbacks, before_run): ImagenetHooks.
+    hooks: Optional[Any] = None
 
     def epochs(self, dataset: str) -> int:
         return self.epochs_by_dataset.get(dataset, self.default_epochs)
@@ -40,7 +47,15 @@ CIFAR = Task(
     default_epochs=200, epochs_by_dataset={"digits": 4},   # 200: the original's CIFAR schedule
     classes_by_dataset={"CIFAR100": 100})
 
-TASKS: dict[str, Task] = {t.name: t for t in (CIFAR,)}
+IMAGENET = Task(
+    name="imagenet", prog="imagenet.py", summary="train a torchvision classifier on an ImageNet-style image folder",
+    description="Train a torchvision ImageNet classifier (-a resnet18 ...) on DIR/train and DIR/val class folders "
+                "in FP32, mixed precision or simulated low precision, with the PyTorch ImageNet example's flags; "
+                "the run is logged under runs/<name>/ as cifar.py's.",
+    default_dataset="imagenet", default_model="resnet18", image_size=224,
+    default_epochs=90, default_classes=1000, hooks=ImagenetHooks())   # 90: the example's schedule
+
+TASKS: dict[str, Task] = {t.name: t for t in (CIFAR, IMAGENET)}
 
 
 def get_task(name: str) -> Task:

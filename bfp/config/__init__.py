@@ -19,6 +19,7 @@ Modules, each using only those listed before it:
 ``legacy``   the original form: its defaults, shorthands, parser and writer
 ``presets``  where ``conf_net/NAME.json`` and ``conf_train/NAME.json`` are found
 ``load``     ``config_from_dict`` and ``load_config``: any source to a ``NetConfig``
+``rename``   ``adapt_names``: CIFAR preset layer names on torchvision models
 """
 from .errors import ConfigError
 from .legacy import (LEGACY_BIT_FROM, LEGACY_DIM_FROM, LEGACY_FULL_TYPES, LEGACY_KEYS, LEGACY_LAYER_TYPES,
@@ -26,12 +27,13 @@ from .legacy import (LEGACY_BIT_FROM, LEGACY_DIM_FROM, LEGACY_FULL_TYPES, LEGACY
 from .load import ConfigLike, config_from_dict, load_config
 from .presets import (find_preset, find_train_config, preset_dirs, preset_names, train_config_dirs,
                       train_config_names)
+from .rename import adapt_names
 from .rules import CONVERTIBLE_TYPES, LEGACY_PREFIX, MATCH_KINDS, NEW_KEYS, RULE_KEYS, NetConfig, Rule
 from .specs import (FORMAT_SPEC_KEYS, FULL, INHERITED_KEYS, OPERANDS, SPEC_KEYS, parse_accumulator, parse_format,
                     parse_precision, precision_spec, with_rounding)
 
 __all__ = [
-    "ConfigError",
+    "ConfigError", "adapt_names",
     "LEGACY_BIT_FROM", "LEGACY_DIM_FROM", "LEGACY_FULL_TYPES", "LEGACY_KEYS", "LEGACY_LAYER_TYPES", "LEGACY_ON",
     "SHORTHANDS", "legacy_dict", "legacy_entry", "legacy_group",
     "ConfigLike", "config_from_dict", "load_config",

@@ -65,7 +65,10 @@ class KeyedAugment(torch.utils.data.Dataset):
 
     def __getitem__(self, item: tuple[int, int]):
         index, key = item
-        x, y = self.dataset[index]
+        sample = self.dataset[index]
+        if not isinstance(sample[0], torch.Tensor):  # an unreadable file's (path, reason) marker: collate drops it
+            return sample
+        x, y = sample
         g = torch.Generator().manual_seed(sample_seed(key, index))
         p = self.pad
         if p:

@@ -11,7 +11,9 @@
   ``test``; ``path`` may also be the folder holding that one directory, as an
   unpacked tarball), images resized to 32x32 if they are not. ``CIFAR10`` with
   a ``path`` that is such a folder and has no torchvision files (the JPEG
-  CIFAR-10) loads the folder with CIFAR-10's normalisation.
+  CIFAR-10) loads the folder with CIFAR-10's normalisation. Files are decoded
+  by ``bfp.engine.images``: any mode as RGB, GIFs included; unreadable ones are
+  skipped and reported once (``strict_images``: refused before training).
 
 Two loader kinds, both iterating ``(images, labels)`` batches, with
 ``set_epoch``-free determinism: their randomness comes from one
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -42,6 +45,7 @@ import torch.nn.functional as F
 
 from .augment import KeyedAugment, KeyedSampler
 from .fingerprint import fingerprint
+from . import images
 
 DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
 CIFAR_MEAN = {"CIFAR10": (0.4914, 0.4822, 0.4465), "CIFAR100": (0.5071, 0.4865, 0.4409)}
@@ -154,12 +158,15 @@ class TensorLoader:
 
 def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, batch_size_test: int = 256,
          num_workers: int = 2, device: Any = "cpu", gpu_data: bool = False, seed: int = 0,
-         channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0) -> DataBundle:
+         channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0,
+         strict_images: bool = False) -> DataBundle:
     """Train/test loaders for dataset ``name`` (see the module docstring).
 
     ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
     ``seed`` seeds the generator that shuffles and augments the training set.
     ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
+    ``strict_images``: decode every image-folder file first and refuse unreadable ones
+    (``bfp.engine.images``); otherwise they are skipped and reported.
     """
     name = canonical_name(name)
     if channels != 3 and name != "digits":
@@ -192,6 +199,12 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     fp = fingerprint(name, train_ds, test_ds, classes, path)
     train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
     _check_train_size(name, len(train_ds))
+    if folder and strict_images:
+        for ds in (train_ds, test_ds):
+            try:
+                images.check_readable(ds)
+            except images.UnreadableImages as e:
+                raise DataError(f"--strict-images: {e}") from None
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
         bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -208,11 +221,15 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     pin = torch.device(device).type == "cuda"
     common = dict(num_workers=num_workers, pin_memory=pin, persistent_workers=False)
     train_aug = KeyedAugment(train_ds, pad=aug.pad, flip=aug.flip, mean=mean, std=std)
+    if folder:  # unreadable files are dropped from their batch and reported (bfp.engine.images)
+        common["collate_fn"] = images.collate
     # A last batch of one image would break BatchNorm in training mode: drop it.
     train = torch.utils.data.DataLoader(train_aug, batch_size=batch_size_train,
                                         sampler=KeyedSampler(len(train_ds), g), generator=g,
                                         drop_last=len(train_ds) % batch_size_train == 1, **common)
     test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
+    if folder:
+        train, test = images.SkippingLoader(train, min_batch=2), images.SkippingLoader(test)
     return DataBundle(name, train, test, len(classes), 3, classes, g, fp)
 
 
@@ -331,7 +348,6 @@ def find_image_folder(path: Path) -> Optional[Path]:
 
 
 def _image_folder(path: Optional[str]):
-    import torchvision
     if not path:
         raise DataError("--dataset imagefolder needs -dp/--dataset-path DIR with train/ and test/ "
                         "class folders")
@@ -343,15 +359,15 @@ def _image_folder(path: Optional[str]):
         raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
-    train, test = _open_folder(torchvision, root / "train"), _open_folder(torchvision, test_dir)
+    train, test = _open_folder(root / "train"), _open_folder(test_dir)
     if train.classes != test.classes:
         raise DataError(f"{root}: train and test class folders differ: {train.classes} vs {test.classes}")
     return train, test
 
 
-def _open_folder(torchvision, folder: Path):
+def _open_folder(folder: Path):
     try:
-        return torchvision.datasets.ImageFolder(str(folder))
+        return images.ImageFolder(str(folder))
     except FileNotFoundError as e:  # torchvision's "Found no valid file for the classes ..." names no folder
         raise DataError(f"no images found under {folder} (it needs <class>/ folders holding image "
                         f"files): {e}") from None
@@ -366,17 +382,20 @@ def _to_tensor_dataset(ds) -> TensorDataset:
             return TensorDataset(full.images[idx], full.labels[idx])
         ds = _SubsetView(ds)
     if hasattr(ds, "data") and isinstance(ds.data, np.ndarray):  # CIFAR: [N, 32, 32, 3] uint8
-        images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
-        return TensorDataset(images, torch.as_tensor(ds.targets))
+        data = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
+        return TensorDataset(data, torch.as_tensor(ds.targets))
     import torchvision.transforms.functional as TF
     from PIL import Image
     imgs, labels = [], []
     for p, y in ds.samples:
-        with Image.open(p) as im:
-            im = im.convert("RGB")
-            if im.size != (32, 32):
-                im = im.resize((32, 32), Image.BILINEAR)
-            imgs.append(TF.pil_to_tensor(im))
+        try:
+            im = images.load_rgb(p)
+        except images.UnreadableImage as e:
+            print(f"warning: skipping unreadable image {e.path}: {e.reason}", file=sys.stderr)
+            continue
+        if im.size != (32, 32):
+            im = im.resize((32, 32), Image.BILINEAR)
+        imgs.append(TF.pil_to_tensor(im))
         labels.append(y)
     return TensorDataset(torch.stack(imgs), torch.tensor(labels))
 

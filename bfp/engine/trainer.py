@@ -1,6 +1,6 @@
 """The training loop: one ``Trainer`` per run, shared by every script on the engine.
 
-It owns the loop, evaluation, the cosine learning-rate schedule, the epoch
+It owns the loop, evaluation, the learning-rate schedule (cosine, or thirds), the epoch
 plan of network-config/optimizer switches, metrics, checkpoints and the
 callbacks. Its collaborators are injected: an optimizer factory
 (``bfp.optim``, SGD by default), a mixed-precision policy (``bfp.amp``:
@@ -29,7 +29,8 @@ from . import checkpoint_set
 from .callbacks import Callback, CallbackList
 from .logs import RunLog
 from .ranks import is_main
-from .schedule import CosineSchedule, EpochPlan
+from .lr_thirds import SCHEDULES, make_schedule
+from .schedule import EpochPlan
 from .step import PlainStep
 
 
@@ -46,6 +47,7 @@ class TrainConfig:
     save_interval: int = 0         # also keep epoch_<n>.pt every n epochs (0: only last/best)
     histograms: bool = False       # weight histograms in TensorBoard each epoch
     progress: bool = True          # tqdm bar
+    lr_schedule: str = "cosine"    # cosine, or thirds: 10x lower at each third of epochs (bfp.engine.lr_thirds)
 
     def __post_init__(self):
         if self.epochs < 1:
@@ -58,6 +60,8 @@ class TrainConfig:
                 raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --training-epochs {self.epochs}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"--lr-schedule {self.lr_schedule!r} unknown; allowed: {', '.join(SCHEDULES)}")
         if not 0.0 <= self.label_smoothing <= 1.0:  # NaN fails too; torch would fail only at the first step
             raise ValueError(f"--label-smoothing must be in [0, 1], got {self.label_smoothing!r}")
 
@@ -118,8 +122,9 @@ class Trainer:
 
         self.optimizer = optimizer_factory(self.model.parameters(), config)
         steps_per_epoch = len(data.train)
-        self.schedule = CosineSchedule(self.optimizer, total_steps=config.epochs * steps_per_epoch,
-                                       warmup_steps=round(config.warmup_epochs * steps_per_epoch))
+        self.schedule = make_schedule(config.lr_schedule, self.optimizer, epochs=config.epochs,
+                                      steps_per_epoch=steps_per_epoch,
+                                      warmup_steps=round(config.warmup_epochs * steps_per_epoch))
         self.amp = amp if amp is not None else MixedPrecision(config.compute_dtype, self.device.type)
         self.step = step if step is not None else PlainStep()
         self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)

@@ -1,0 +1,45 @@
+"""``imagenet.py -e``: evaluate a model on the validation set and exit, as the PyTorch example's ``-e``.
+
+The weights come from ``--resume`` (a run directory or checkpoint: its
+weights and every layer's precision, dynamic changes included) or
+``--pretrained``; the model is converted with ``--bfp`` as a training run
+would be. Prints the conversion report, then loss, top-1 and top-5.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..conversion import load_precision_state
+from ..engine import checkpoint as ckpt
+from ..engine.logs import RunLog
+from ..engine.schedule import EpochPlan
+from ..engine.trainer import Trainer
+from .run import (convert, cpu_threads, initial_network_config, load_data, make_model, resolve_device,
+                  seed_everything, train_config)
+from .tasks import Task
+
+
+def evaluate(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> dict[str, float]:
+    out = stream or sys.stdout
+    with cpu_threads(args.threads):
+        device = resolve_device(args.device)
+        state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu") if args.resume else None
+        seed_everything(args.seed)
+        data = load_data(args, device, task)
+        model = make_model(task, args, data.num_classes, data.in_channels)
+        initial = state["network_config"] if state is not None else initial_network_config(args, plan)
+        model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
+        trainer = Trainer(model, data, train_config(args, plan, device), device=device, log=RunLog(None, stream=out),
+                          network_config=initial, name=args.model)
+        if state is not None:  # weights and every layer's precision; not the training state
+            trainer.model.load_state_dict(state["model"])
+            if state.get("precision_state") is not None:
+                load_precision_state(trainer.model, state["precision_state"])
+        report = trainer.precision_report()
+        if report:
+            print(report, file=out)
+        m = trainer.evaluate()
+    print(f"evaluate {args.model} on {data.describe()}: loss {m['test_loss']:.4f}, top-1 {m['test_acc1']:.2f}%, "
+          f"top-5 {m['test_acc5']:.2f}%", file=out)
+    return m

@@ -1,0 +1,91 @@
+"""ImageNet-style data for ``imagenet.py``: an image-folder tree at any image size.
+
+``load_imagenet(path, image_size, ...)`` reads ``path/train/<class>/*`` and
+``path/val/<class>/*`` (``path`` defaults to ``$BFP_IMAGENET_DIR``, else
+``data/imagenet``; ``test/`` is accepted for ``val/``; ``path`` may be
+the folder holding that one tree, as an unpacked tarball) with the standard
+ImageNet transforms of the PyTorch example, scaled to ``image_size``:
+training ``RandomResizedCrop(image_size)`` and a random horizontal flip,
+validation ``Resize(round(image_size * 256 / 224))`` then
+``CenterCrop(image_size)``; both normalised with the ImageNet mean and std.
+Files of any size and mode load as RGB; unreadable ones are skipped and
+reported once, or refused before training with ``strict_images``
+(``bfp.engine.images``). Shuffling and augmentation draw from the bundle's
+generator and the global torch RNG, as ``bfp.engine.data``'s loaders do.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import images
+from .data import IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit, find_image_folder
+
+
+def default_dir() -> str:
+    """Where the tree is when no DIR is given: ``$BFP_IMAGENET_DIR`` (the Docker image sets
+    ``/dataset/imagenet``, where the seed's ``docker run --mount`` puts it), else ``data/imagenet``."""
+    return os.environ.get("BFP_IMAGENET_DIR") or os.path.join("data", "imagenet")
+
+
+def tree(path: Optional[str]) -> tuple[Path, Path]:
+    """``(train_dir, val_dir)`` of the tree at ``path`` (default ``default_dir()``);
+    ``DataError`` naming what is missing."""
+    path = path or default_dir()
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(f"{str(path)!r} is not a directory; expected DIR/train/<class>/*.JPEG and "
+                        f"DIR/val/<class>/*.JPEG (give DIR, --data DIR or -dp DIR; default $BFP_IMAGENET_DIR "
+                        f"or data/imagenet)")
+    root = find_image_folder(p)
+    if root is None:
+        raise DataError(f"{str(path)!r} has no train/ and val/ class folders (found: "
+                        f"{', '.join(sorted(c.name for c in p.iterdir())[:10]) or 'nothing'}); expected "
+                        f"{path}/train/<class>/*.JPEG and {path}/val/<class>/*.JPEG")
+    return root / "train", root / "val" if (root / "val").is_dir() else root / "test"
+
+
+def _folder(path: Path) -> images.ImageFolder:
+    try:
+        return images.ImageFolder(str(path))
+    except (FileNotFoundError, RuntimeError) as e:  # no class folder, or a class with no image
+        raise DataError(f"{path}: {e}") from None
+
+
+def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_train: int = 256,
+                  batch_size_test: int = 256, num_workers: int = 4, device: Any = "cpu", seed: int = 0,
+                  limit_train: int = 0, limit_test: int = 0, strict_images: bool = False) -> DataBundle:
+    """Train and validation loaders of the tree at ``path`` (see the module docstring)."""
+    import torchvision.transforms as T
+    if image_size < 8:
+        raise DataError(f"--image-size must be >= 8, got {image_size}")
+    train_dir, val_dir = tree(path)
+    train_ds, val_ds = _folder(train_dir), _folder(val_dir)
+    if train_ds.classes != val_ds.classes:
+        only_t = sorted(set(train_ds.classes) - set(val_ds.classes))
+        only_v = sorted(set(val_ds.classes) - set(train_ds.classes))
+        raise DataError(f"{train_dir.parent}: train/ and {val_dir.name}/ class folders differ: only in train: "
+                        f"{only_t[:10] or 'none'}; only in {val_dir.name}: {only_v[:10] or 'none'}")
+    classes = list(train_ds.classes)
+    norm = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    train_ds.transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()] + norm)
+    val_ds.transform = T.Compose([T.Resize(round(image_size * 256 / 224)), T.CenterCrop(image_size)] + norm)
+    train_ds, val_ds = _limit(train_ds, limit_train), _limit(val_ds, limit_test)
+    _check_train_size("imagenet", len(train_ds))
+    if strict_images:
+        for ds in (train_ds, val_ds):
+            try:
+                images.check_readable(ds)
+            except images.UnreadableImages as e:
+                raise DataError(f"--strict-images: {e}") from None
+    g = torch.Generator().manual_seed(seed)
+    common = dict(num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
+                  collate_fn=images.collate)
+    train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train, shuffle=True, generator=g,
+                                        drop_last=len(train_ds) % batch_size_train == 1, **common)
+    val = torch.utils.data.DataLoader(val_ds, batch_size=batch_size_test, shuffle=False, **common)
+    return DataBundle("imagenet", images.SkippingLoader(train, min_batch=2), images.SkippingLoader(val),
+                      len(classes), 3, classes, g)
