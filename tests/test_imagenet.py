@@ -170,3 +170,17 @@ def test_the_examples_spellings_set_the_shared_flags():
         ("DIR", "vgg16", 3, 64, 9, 0.2)
     assert (a.optim_momentum, a.optim_weight_decay, a.device, a.seed) == (0.8, 0.002, "cuda:1", 5)
     assert p.parse_args(["--data", "D"]).dataset_path == "D" and p.parse_args([]).dataset_path is None
+
+
+def test_imagenet_batches_are_the_same_for_any_worker_count_and_carry_a_fingerprint(tmp_path):
+    from bfp.engine.imagenet_data import load_imagenet
+    make_tree(tmp_path / "t", bad=False)
+    bundles = [load_imagenet(str(tmp_path / "t"), 16, batch_size_train=4, num_workers=w, seed=3) for w in (0, 2)]
+    epochs = [[[(x.clone(), y.clone()) for x, y in b.train] for _ in range(2)] for b in bundles]
+    for ep0, ep2 in zip(*epochs):
+        assert len(ep0) == len(ep2) == 3
+        for (x0, y0), (x2, y2) in zip(ep0, ep2):
+            assert torch.equal(x0, x2) and torch.equal(y0, y2)
+    assert not torch.equal(epochs[0][0][0][0], epochs[0][1][0][0])  # epochs draw other crops
+    fp = bundles[0].fingerprint
+    assert fp["dataset"] == "imagenet" and fp["classes"] == ["cat", "dog"] and fp["train_images"] == 12

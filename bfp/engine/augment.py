@@ -78,3 +78,22 @@ class KeyedAugment(torch.utils.data.Dataset):
         if self.flip and bool(torch.rand((), generator=g) < 0.5):
             x = x.flip(2)
         return (x.float() / 255 - self.mean) / self.std, y
+
+
+class KeyedTransform(torch.utils.data.Dataset):
+    """``dataset[index]`` with the global torch RNG seeded from ``sample_seed(key, index)``
+    for the call: torchvision's random transforms (``RandomResizedCrop``, flips)
+    then draw the same values in any worker process. The caller's RNG state is
+    restored after each sample (``torch.random.fork_rng``)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        index, key = item
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sample_seed(key, index))
+            return self.dataset[index]

@@ -10,8 +10,10 @@ validation ``Resize(round(image_size * 256 / 224))`` then
 ``CenterCrop(image_size)``; both normalised with the ImageNet mean and std.
 Files of any size and mode load as RGB; unreadable ones are skipped and
 reported once, or refused before training with ``strict_images``
-(``bfp.engine.images``). Shuffling and augmentation draw from the bundle's
-generator and the global torch RNG, as ``bfp.engine.data``'s loaders do.
+(``bfp.engine.images``). Shuffling and one key per epoch are drawn from the
+bundle's generator in the main process; each image's crop and flip from a
+seed of (key, index) (``bfp.engine.augment``), so the batches are the same
+for any ``num_workers`` and a resume continues them exactly.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from typing import Any, Optional
 import torch
 
 from . import images
+from .augment import KeyedSampler, KeyedTransform
 from .data import IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit, find_image_folder
+from .fingerprint import fingerprint
 
 
 def default_dir() -> str:
@@ -70,6 +74,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
         raise DataError(f"{train_dir.parent}: train/ and {val_dir.name}/ class folders differ: only in train: "
                         f"{only_t[:10] or 'none'}; only in {val_dir.name}: {only_v[:10] or 'none'}")
     classes = list(train_ds.classes)
+    fp = fingerprint("imagenet", train_ds, val_ds, classes, path)
     norm = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     train_ds.transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()] + norm)
     val_ds.transform = T.Compose([T.Resize(round(image_size * 256 / 224)), T.CenterCrop(image_size)] + norm)
@@ -84,8 +89,8 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
     g = torch.Generator().manual_seed(seed)
     common = dict(num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
                   collate_fn=images.collate)
-    train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train, shuffle=True, generator=g,
-                                        drop_last=len(train_ds) % batch_size_train == 1, **common)
+    train = torch.utils.data.DataLoader(KeyedTransform(train_ds), batch_size=batch_size_train,
+                                        sampler=KeyedSampler(len(train_ds), g), generator=g, drop_last=len(train_ds) % batch_size_train == 1, **common)
     val = torch.utils.data.DataLoader(val_ds, batch_size=batch_size_test, shuffle=False, **common)
     return DataBundle("imagenet", images.SkippingLoader(train, min_batch=2), images.SkippingLoader(val),
-                      len(classes), 3, classes, g)
+                      len(classes), 3, classes, g, fp)
