@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from .. import models
-from ..amp import MixedPrecision
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
@@ -27,6 +26,7 @@ from ..engine.slack import SlackNotifier, read_token
 from ..engine.step import PlainStep
 from ..engine.trainer import Trainer, TrainConfig, convert_model
 from ..optim import sgd
+from .amp_flags import amp_callbacks, make_amp
 from .flags import UsageError
 from .tasks import Task
 
@@ -168,7 +168,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
                           callbacks=make_callbacks(args, model, token, run_dir, log), plan=plan,
                           network_config=initial, name=args.model, optimizer_factory=sgd,
-                          amp=MixedPrecision(config.compute_dtype, device.type), step=PlainStep(),
+                          amp=make_amp(args, config.compute_dtype, device.type), step=PlainStep(),
                           extra_state={"args": public_args, "plan": plan.to_json(),
                                        "run_dir": str(run_dir) if run_dir else None})
         if state is not None:
@@ -280,4 +280,4 @@ def make_callbacks(args: argparse.Namespace, model, token: Optional[str], run_di
                                                         every=args.do_every))
         except ValueError as e:
             raise UsageError(f"--do {args.do}: {e}") from None
-    return callbacks
+    return callbacks + amp_callbacks(args)
