@@ -24,7 +24,7 @@ PLAN_KEYS = ("bfp-layer-conf-dict", "optimizer-dict")
 # Flags a resumed run may change (where it runs and what it reports, not what it computes).
 RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
                     "slackbot", "slack_channel", "slack_base_url", "progress", "batch_size_test",
-                    "histograms", "resume", "do_color", "dataset_path", "mode"}
+                    "histograms", "resume", "do_color", "dataset_path", "mode", "grad_histogram"}
 # Names under which checkpoints written before the rename saved two flags.
 _OLD_DESTS = {"bfp": "network_config", "precision": "compute_dtype"}
 _NOT_IN_FILES = {"train_config_file", "resume", "slack_base_url", "help"}
