@@ -1,29 +1,53 @@
 """The mixed-precision policy a ``Trainer`` is given: compute dtype plus loss scaler, one object.
 
-``MixedPrecision(compute_dtype, device_type)``:
+``MixedPrecision(compute_dtype, device_type, loss_scale=...)``:
 
-* ``"fp32"``: no autocast, no scaling.
-* ``"bf16"``: ``torch.autocast`` to bfloat16; no loss scaling (bfloat16 has
-  float32's exponent range, so gradients do not underflow for lack of range).
-* ``"fp16"``: ``torch.autocast`` to float16 with dynamic loss scaling
-  (``torch.amp.GradScaler``): the loss is multiplied by a scale starting at
-  2^16 before backward; a step whose gradients hold Inf/NaN is skipped and the
-  scale halved; after 2000 clean steps in a row the scale doubles. Gradients
-  are unscaled before the optimizer sees them.
+* compute dtype ``"fp32"`` (no autocast), ``"bf16"`` or ``"fp16"``
+  (``torch.autocast`` to that dtype). Weights, gradients and optimizer state
+  stay float32 in every case.
+* loss scale (``LossScaler``), a choice of its own, because simulated
+  gradient formats (``--bfp`` configs with e5m2/e4m3/BFP/MX at the ``bio``,
+  ``bwo``, ``big``, ``bwg`` points) underflow like float16 does, whatever the
+  compute dtype:
 
-Weights, gradients and optimizer state stay float32 in every case. This is
-independent of the simulated formats of a network config (``--bfp``), which
-round values inside the Q-layers whatever the compute dtype.
+  - ``"none"``: loss and gradients unscaled; the optimizer always steps.
+  - a number ``S``: static scaling; the loss is multiplied by ``S`` and the
+    gradients divided by it; a step that overflows is skipped (counted), the
+    scale stays.
+  - ``"dynamic"``: NVIDIA's/``torch.amp.GradScaler``'s rule: start at
+    ``init_scale`` (2^16); an overflowing step is skipped and the scale
+    multiplied by ``backoff_factor`` (0.5); after ``growth_interval`` (2000)
+    clean steps in a row it is multiplied by ``growth_factor`` (2).
+  - ``None`` (the default): ``"dynamic"`` for fp16, ``"none"`` otherwise
+    (bfloat16 has float32's exponent range).
+
+An overflow is an Inf/NaN in a parameter gradient (real float16 overflow) or
+a gradient point that overflows its simulated format (``bfp.overflow``: a
+saturating e5m2 point would otherwise hide it as a finite +-57344).
+
+Numerics of the scaling: the loss is multiplied by the scale in float32; the
+gradients are multiplied by ``1/scale`` in float32 (``torch._foreach_mul_``).
+With a power-of-two scale (the default and every dynamic scale grown or backed
+off by powers of two) both are exact unless a value overflows (then the step is
+skipped) or falls into float32's subnormal range; so in float32 without
+simulated formats, a scaled step is bit-identical to an unscaled one (tested).
+The non-finite check uses ``torch.isfinite`` per gradient; the decision needs
+one device-to-host sync per step (as GradScaler's does).
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Optional, Union
 
 import torch
+
+from .overflow import OverflowFlag, watching
 
 COMPUTE_DTYPES = ("fp32", "fp16", "bf16")
 _TORCH_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 INIT_SCALE = 2.0 ** 16
+GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0, 0.5, 2000
+LOSS_SCALE_MODES = ("none", "dynamic")
 
 
 def check_compute_dtype(name: str) -> str:
@@ -32,27 +56,148 @@ def check_compute_dtype(name: str) -> str:
     return name
 
 
+def parse_loss_scale(value: Union[str, float, None]) -> Union[str, float, None]:
+    """``None``, ``"none"``, ``"dynamic"`` or a finite number > 0 (a string such as ``"1024"`` too)."""
+    if value is None or value in LOSS_SCALE_MODES:
+        return value
+    try:
+        s = float(value)
+    except (TypeError, ValueError):
+        s = math.nan
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"--loss-scale {value!r}: allowed none, dynamic or a finite number > 0 (e.g. 1024)")
+    return s
+
+
+class LossScaler:
+    """Static or dynamic loss scaling with skip-on-overflow; ``mode`` as ``parse_loss_scale``."""
+
+    def __init__(self, mode: Union[str, float] = "none", *, init_scale: float = INIT_SCALE,
+                 growth_factor: float = GROWTH_FACTOR, backoff_factor: float = BACKOFF_FACTOR,
+                 growth_interval: int = GROWTH_INTERVAL):
+        mode = parse_loss_scale(mode)
+        if mode is None:
+            raise ValueError("LossScaler needs a mode: none, dynamic or a number")
+        checks = (("--loss-scale-init", init_scale, math.isfinite(init_scale) and init_scale > 0, "a finite number > 0"),
+                  ("--loss-scale-growth", growth_factor, math.isfinite(growth_factor) and growth_factor > 1,
+                   "a finite number > 1"),
+                  ("--loss-scale-backoff", backoff_factor, 0 < backoff_factor < 1, "a number in (0, 1)"),
+                  ("--loss-scale-interval", growth_interval,
+                   isinstance(growth_interval, int) and growth_interval >= 1, "an integer >= 1"))
+        for flag, v, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"{flag} {v!r}: allowed {allowed}")
+        self.mode = "static" if isinstance(mode, float) else mode
+        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
+        self.growth_interval = growth_interval
+        self.scale = 1.0 if mode == "none" else mode if isinstance(mode, float) else float(init_scale)
+        self.growth_tracker = 0      # clean steps in a row since the last change (dynamic)
+        self.skipped_steps = 0       # steps skipped for overflow, over the whole run
+        self.last_skipped = False    # whether the latest step was skipped
+
+    def is_enabled(self) -> bool:
+        return self.mode != "none"
+
+    def get_scale(self) -> float:
+        return self.scale
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale if self.is_enabled() else loss
+
+    def step(self, optimizer: torch.optim.Optimizer, simulated_overflow: Optional[torch.Tensor] = None) -> bool:
+        """Unscale, step unless something overflowed, update the scale; returns whether it stepped."""
+        if not self.is_enabled():
+            optimizer.step()
+            self.last_skipped = False
+            return True
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        flags = [] if simulated_overflow is None else [simulated_overflow.reshape(())]
+        flags += [~torch.isfinite(g).all() for g in grads]
+        found = None
+        for f in flags:
+            found = f if found is None else found.logical_or(f.to(found.device))
+        overflow = found is not None and bool(found.item())  # the step's one host sync
+        if not overflow:
+            by_device: dict[Any, list[torch.Tensor]] = {}
+            for g in grads:
+                by_device.setdefault((g.device, g.dtype), []).append(g)
+            for group in by_device.values():
+                torch._foreach_mul_(group, 1.0 / self.scale)
+            optimizer.step()
+        self._update(overflow)
+        return not overflow
+
+    def _update(self, overflow: bool) -> None:
+        self.last_skipped = overflow
+        if overflow:
+            self.skipped_steps += 1
+        if self.mode != "dynamic":
+            return
+        if overflow:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+        else:
+            self.growth_tracker += 1
+            if self.growth_tracker == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.growth_tracker = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """GradScaler's keys (``scale``, ``_growth_tracker`` ...) plus ``mode`` and ``skipped_steps``."""
+        if not self.is_enabled():
+            return {}
+        return {"mode": self.mode, "scale": self.scale, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "_growth_tracker": self.growth_tracker, "skipped_steps": self.skipped_steps,
+                "last_skipped": self.last_skipped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` stopped. An empty state is an unscaled run; a state
+        without ``mode`` is a ``torch.amp.GradScaler``'s (dynamic) from older checkpoints."""
+        saved = state.get("mode", "dynamic") if state else "none"
+        if saved != self.mode:
+            raise ValueError(f"checkpoint loss scaling is {saved!r} but this run's is {self.mode!r}; "
+                             f"pass the same --loss-scale (and --precision) as the interrupted run")
+        if not state:
+            return
+        self.scale = float(state["scale"])
+        self.growth_tracker = int(state["_growth_tracker"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.last_skipped = bool(state.get("last_skipped", False))
+
+
 class MixedPrecision:
-    """Autocast and loss scaling for one run; its state (the scale) goes into checkpoints."""
+    """Autocast and loss scaling for one run; its state (the scaler's) goes into checkpoints."""
 
     def __init__(self, compute_dtype: str = "fp32", device_type: str = "cpu", *,
-                 init_scale: float = INIT_SCALE):
+                 loss_scale: Union[str, float, None] = None, init_scale: float = INIT_SCALE,
+                 growth_factor: float = GROWTH_FACTOR, backoff_factor: float = BACKOFF_FACTOR,
+                 growth_interval: int = GROWTH_INTERVAL):
         self.compute_dtype = check_compute_dtype(compute_dtype)
         self.dtype = _TORCH_DTYPE[compute_dtype]
         self.device_type = device_type
-        self.scaler = torch.amp.GradScaler(device_type, init_scale=init_scale,
-                                           enabled=compute_dtype == "fp16")
+        mode = parse_loss_scale(loss_scale)
+        if mode is None:
+            mode = "dynamic" if compute_dtype == "fp16" else "none"
+        self.scaler = LossScaler(mode, init_scale=init_scale, growth_factor=growth_factor,
+                                 backoff_factor=backoff_factor, growth_interval=growth_interval)
+        self._overflow = OverflowFlag()
 
     def autocast(self):
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
+        """Backward of the scaled loss; with scaling on, the gradient points watch for overflow.
+        Several backward calls before one ``step`` (gradient accumulation) share one flag."""
+        if not self.scaler.is_enabled():
+            loss.backward()
+            return
+        with watching(self._overflow):
+            self.scaler.scale_loss(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Unscale, step unless gradients overflowed, update the scale."""
-        self.scaler.step(optimizer)
-        self.scaler.update()
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Unscale, step unless gradients overflowed, update the scale; returns whether it stepped."""
+        return self.scaler.step(optimizer, self._overflow.pop())
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict()

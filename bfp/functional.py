@@ -9,6 +9,9 @@ are applied around them:
   op itself (``F.linear``/``F.conv2d`` with their bias argument), before ``fo``.
 * input gradient: ``dx = big(op_input_grad(bio(dy), biw(w)))``.
 * weight gradient: ``dw = bwg(op_weight_grad(bwo(dy), bwi(x)))``.
+* overflow: the four backward points first report a value beyond their
+  format's range to a loss scaler that watches (``bfp.overflow``), which then
+  skips the step; the check only reads the tensor.
 * bias gradient: the sum of the *unquantized* output gradient ``dy`` over all
   non-channel dims, in float32 and outside any emulated accumulator. The
   bias gradient is a reduction in the vector unit, not a GEMM, so none of
@@ -42,6 +45,7 @@ from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input
                          accumulate_conv2d_weight, accumulate_matmul)
 from .formats import Format, Rounding
 from .kernels import quantize
+from .overflow import check as _check_overflow
 from .precision import LayerPrecision
 
 __all__ = ["QGemmFunction", "Quantizer", "layer_quantizer", "qlinear", "qconv1d", "qconv2d", "qmatmul"]
@@ -76,6 +80,13 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
 
 def _point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> Tensor:
     return t if fmt is None else q(point, t, fmt)
+
+
+def _grad_point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> Tensor:
+    """A backward point: reports an overflow of ``fmt`` to a watching loss scaler
+    (``bfp.overflow``; reads ``t`` only), then rounds as ``_point``."""
+    _check_overflow(point, t, fmt)
+    return _point(q, point, t, fmt)
 
 
 def _acc_for(acc: Optional[Accumulator], gemm: str) -> Optional[Accumulator]:
@@ -215,14 +226,14 @@ class QGemmFunction(torch.autograd.Function):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             w_biw = w if ctx.reused[1] else _point(q, "biw", w, p.biw)
-            gx = op.grad_input(_point(q, "bio", g, p.bio), w_biw.to(g.dtype), x,
+            gx = op.grad_input(_grad_point(q, "bio", g, p.bio), w_biw.to(g.dtype), x,
                                _acc_for(p.accumulator, "input_grad"), gen)
-            gx = _point(q, "big", gx, p.big)
+            gx = _grad_point(q, "big", gx, p.big)
         if ctx.needs_input_grad[1]:
             x_bwi = x if ctx.reused[0] else _point(q, "bwi", x, p.bwi)
-            gw = op.grad_weight(_point(q, "bwo", g, p.bwo), x_bwi.to(g.dtype), w,
+            gw = op.grad_weight(_grad_point(q, "bwo", g, p.bwo), x_bwi.to(g.dtype), w,
                                 _acc_for(p.accumulator, "weight_grad"), gen)
-            gw = _point(q, "bwg", gw, p.bwg)
+            gw = _grad_point(q, "bwg", gw, p.bwg)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = op.grad_bias(g, x, w)
         return gx, gw, gb, None, None, None, None

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..amp import COMPUTE_DTYPES
 from ..engine import data as data_mod
+from .amp_flags import add_amp_flags
 from .helpformat import HelpFormatter
 from .resume_flags import add_resume_flags
 from .tasks import Task
@@ -119,9 +120,10 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="linear learning-rate warm-up before the cosine decay (fractions allowed)")
     g.add_argument("--label-smoothing", type=float, default=0.0, help="cross-entropy label smoothing")
     g.add_argument("--precision", dest="compute_dtype", default="fp32", choices=COMPUTE_DTYPES,
-                   help="compute dtype: fp16 (autocast + GradScaler starting at 2^16) or bf16 (autocast); "
-                        "weights stay float32. Independent of --bfp, which simulates formats")
+                   help="compute dtype: fp16 (autocast; dynamic loss scaling unless --loss-scale says otherwise) "
+                        "or bf16 (autocast); weights stay float32. Independent of --bfp, which simulates formats")
     g.add_argument("--seed", type=int, default=0, help="seeds model init, data order and augmentation")
+    add_amp_flags(p)
 
     g = p.add_argument_group("dynamic precision (bfp.dynamic)")
     g.add_argument("--do", default=None, metavar="SPEC",

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from .. import models
-from ..amp import MixedPrecision
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
@@ -29,6 +28,7 @@ from ..engine.slack import SlackNotifier, SlackTokenError, read_token
 from ..engine.step import PlainStep
 from ..engine.trainer import Trainer, TrainConfig, convert_model
 from ..optim import sgd
+from .amp_flags import amp_callbacks, make_amp
 from .flags import UsageError
 from .resume_checks import check_data, load_state, remove_stale_temps
 from .tasks import Task
@@ -183,7 +183,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                           callbacks=make_callbacks(args, model, token, run_dir, log) + images.report_callbacks(data)
                           + (task.hooks.callbacks(args) if task.hooks else []), plan=plan,
                           network_config=initial, name=args.model, optimizer_factory=sgd,
-                          amp=MixedPrecision(config.compute_dtype, device.type), step=PlainStep(),
+                          amp=make_amp(args, config.compute_dtype, device.type), step=PlainStep(),
                           extra_state={"args": public_args, "plan": plan.to_json(),
                                        "run_dir": str(run_dir) if run_dir else None, "data": data.fingerprint})
         if state is not None:
@@ -304,4 +304,4 @@ def make_callbacks(args: argparse.Namespace, model, token: Optional[str], run_di
                                                         every=args.do_every))
         except ValueError as e:
             raise UsageError(f"--do {args.do}: {e}") from None
-    return callbacks
+    return callbacks + amp_callbacks(args)
