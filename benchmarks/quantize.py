@@ -13,6 +13,7 @@ of medians. Targets: >= 0.7x clone on a CPU for fb12 and float8_e4m3fn;
 from __future__ import annotations
 
 import argparse
+import re
 
 import numba
 import torch
@@ -21,16 +22,21 @@ import bfp
 
 from _harness import alternate, emit_json, machine, print_table
 
-DEFAULT_FORMATS = ["fb12", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
+DEFAULT_FORMATS = ["fb12", "bfp8[1,24,3,3]-nearest", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
                    "float4_e2m1fn", "bfloat16", "mxfp8_e4m3", "mxfp4_e2m1", "mxint8",
                    "fb16-nearest", "fb16-stochastic", "float8_e4m3fn-stochastic"]
-TARGETS = {"fb12": 0.7, "float8_e4m3fn": 0.7}
+TARGETS = {"fb12": 0.7, "bfp8[1,24,3,3]-nearest": 0.7, "float8_e4m3fn": 0.7}
 
 
 def parse_format(spec: str):
-    """A preset name, optionally with ``-nearest``/``-stochastic``/``-truncate``."""
+    """A preset name or ``bfpBITS[g0,g1,...]`` (a BlockFloat), optionally with
+    ``-nearest``/``-stochastic``/``-truncate``."""
     name, _, rounding = spec.partition("-")
-    fmt = bfp.format_from_name(name)
+    block = re.fullmatch(r"bfp(\d+)\[([\d,]+)\]", name)
+    if block:
+        fmt = bfp.BlockFloat(int(block[1]), [int(g) for g in block[2].split(",")])
+    else:
+        fmt = bfp.format_from_name(name)
     if rounding:
         if isinstance(fmt, bfp.MX):
             raise SystemExit(f"rounding suffix not supported on MX preset {spec!r}")
