@@ -38,9 +38,13 @@ def test_advises_only_the_whole_huge_pages_inside_the_buffer(calls):
     assert calls[-1] == (2 * H, 4 * H, 14)
 
 
-def test_small_outputs_are_not_advised(calls):
+def test_small_outputs_and_off_blocks_are_not_advised(calls):
     pages.advise(FakeTensor(4 * H, pages.MIN_BYTES - 4))
+    with pages.off():
+        pages.advise(FakeTensor(4 * H, 8 * H))
     assert calls == []
+    pages.advise(FakeTensor(4 * H, 8 * H))
+    assert calls == [(4 * H, 8 * H, 14)]
 
 
 def test_environment_turns_it_off(monkeypatch):
@@ -55,10 +59,10 @@ def test_environment_turns_it_off(monkeypatch):
 
 @pytest.mark.parametrize("fmt", [bfp.format_from_name("float8_e4m3fn"), bfp.BlockFloat(8, [1, 24, 3, 3], "nearest")],
                          ids=repr)
-def test_quantize_bits_do_not_depend_on_the_advice(fmt, monkeypatch):
+def test_quantize_bits_do_not_depend_on_the_advice(fmt):
     x = torch.randn(4, 64, 96, 96, generator=torch.Generator().manual_seed(0))  # 9 MiB: advised
     assert x.numel() * 4 >= pages.MIN_BYTES
     advised = bfp.quantize(x, fmt)
-    monkeypatch.setattr(pages, "_madvise", lambda: None)
-    plain = bfp.quantize(x, fmt)
+    with pages.off():
+        plain = bfp.quantize(x, fmt)
     assert torch.equal(advised.view(torch.int32), plain.view(torch.int32))

@@ -13,10 +13,12 @@ Only the 2 MiB-aligned middle of the buffer is advised; outputs smaller than
 ``MIN_BYTES`` are left alone (they rarely span a huge page, and are often reused
 heap memory that is already faulted in). Where THP is off ("never"), madvise
 is not Linux, or libc cannot be loaded, ``advise`` does nothing.
-``BFP_HUGEPAGES=0`` in the environment turns it off (to measure without it).
+``BFP_HUGEPAGES=0`` in the environment turns it off, ``off()`` within a block
+(benchmarks/quantize.py times both ways in one run).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -48,10 +50,24 @@ def _madvise():
     return fn
 
 
+_off = 0  # depth of off() blocks
+
+
+@contextlib.contextmanager
+def off():
+    """No advice inside this block (for measurements and tests)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
+
+
 def advise(t: torch.Tensor) -> None:
     """Ask for huge pages under ``t``'s untouched storage (a hint; errors are ignored)."""
     nbytes = t.numel() * t.element_size()
-    madvise = _madvise() if nbytes >= MIN_BYTES else None
+    madvise = _madvise() if nbytes >= MIN_BYTES and not _off else None
     if madvise is None:
         return
     start = t.data_ptr()
