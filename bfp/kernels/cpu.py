@@ -262,10 +262,10 @@ SERIAL_BELOW = 1 << 18
 
 @contextlib.contextmanager
 def _threads_for(n: int):
-    if n >= SERIAL_BELOW or numba.get_num_threads() == 1:
+    before = 1 if n >= SERIAL_BELOW else numba.get_num_threads()
+    if before == 1:
         yield
         return
-    before = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
         yield
