@@ -99,8 +99,8 @@ def _running_sum(terms: Iterator[torch.Tensor], acc: Accumulator,
     """``_sum_terms`` without Kahan, in place: ``s = q(s + t)`` is one fused pass
     (``add_quantize_``: the same float32 add and rounding, the same random draws)
     instead of an add, a rounding and two fresh tensors per chunk. The first term
-    becomes the running sum; a copy if it is a slice of a larger slab, so the
-    result does not keep the slab alive."""
+    (from the first slab, never a reused buffer) becomes the running sum; a copy
+    if it is a slice of a larger slab, so the result does not keep the slab alive."""
     s = None
     for t in terms:
         if s is None:
@@ -130,16 +130,21 @@ def accumulate_matmul_reference(a: torch.Tensor, b: torch.Tensor, acc: Accumulat
     return _finish(s, shape, out_dtype, a)
 
 
-def _chunk_sums(a3: torch.Tensor, b3: torch.Tensor, chunk: int, rnd: Callable) -> Iterator[torch.Tensor]:
+def _chunk_sums(a3: torch.Tensor, b3: torch.Tensor, chunk: int, rnd: Callable,
+                reuse: bool = False) -> Iterator[torch.Tensor]:
     """Rounded float32 dot products of successive K-chunks, each (B, M, N), in order.
 
     Full chunks are computed a slab at a time with one batched GEMM and one
-    quantize call; the short tail chunk (if any) last.
+    quantize call; the short tail chunk (if any) last. With ``reuse`` the slabs
+    after the first are written into one buffer (fresh pages cost as much as a
+    rounding pass here): then a yielded chunk is only valid until the next one
+    is asked for, except those of the first slab, which may be kept.
     """
     bsz, m, k = a3.shape
     n = b3.shape[-1]
     nfull = k // chunk
     per_slab = max(1, _SLAB_ELEMENTS // max(1, bsz * m * n))
+    buf = None
     for c0 in range(0, nfull, per_slab):
         c1 = min(nfull, c0 + per_slab)
         g = c1 - c0
@@ -147,6 +152,10 @@ def _chunk_sums(a3: torch.Tensor, b3: torch.Tensor, chunk: int, rnd: Callable) -
         bb = b3[:, c0 * chunk:c1 * chunk, :].reshape(bsz, g, chunk, n).transpose(0, 1)
         if chunk == 1:  # an outer product: exactly the float32 products of the reference
             sums = ab * bb
+        elif reuse and c0 > 0:
+            if buf is None:
+                buf = torch.empty((per_slab, bsz, m, n), dtype=a3.dtype, device=a3.device)
+            sums = torch.matmul(ab, bb, out=buf[:g])
         else:
             sums = torch.matmul(ab, bb)
         yield from rnd(sums).unbind(0)
@@ -170,7 +179,7 @@ def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
             s = _sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd)
         else:  # chunk sums are fresh tensors of ours: round them where they are
             rnd_ = lambda t: quantize_(t, acc.fmt, generator=generator)  # noqa: E731
-            s = _running_sum(_chunk_sums(a3, b3, acc.chunk, rnd_), acc, generator)
+            s = _running_sum(_chunk_sums(a3, b3, acc.chunk, rnd_, reuse=True), acc, generator)
     return _finish(s, shape, out_dtype, a)
 
 

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from ..formats import Format
+from .pages import advise
 from .plan import canonical_4d, rule_for, tile_for
 from .reference import quantize_reference
 from .scalar import MAG
@@ -66,6 +67,7 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
         if backend == "cpu":
             if x32.is_cuda:
                 raise ValueError("backend='cpu' needs a CPU tensor; got one on " + str(x32.device))
+            advise(out)  # huge pages for the untouched output: see pages.py
             from . import cpu
             nz, zc = cpu.run(x32.view(torch.int32).numpy().reshape(-1),
                              out.view(torch.int32).numpy().reshape(-1), rule, shape4, tile4, keys, stats)

@@ -16,6 +16,7 @@ MX (int8)      ``clamp(Emax)``             ``s - 6`` (kind FIXED)
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from ..formats import INT8, BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding
@@ -50,7 +51,10 @@ def _float_rule(f: Float, mode: int, scale: int, soff: int) -> Rule:
                 int(f.overflow is Overflow.INF), int(not f.has_inf))
 
 
+@functools.lru_cache(maxsize=256)
 def rule_for(fmt: Format) -> Rule:
+    """The element rule's parameters of ``fmt`` (cached: formats are frozen values,
+    and this runs on every quantize call)."""
     if isinstance(fmt, Float):
         return _float_rule(fmt, MODE[fmt.rounding], SCALE_NONE, 0)
     if isinstance(fmt, BlockFloat):
