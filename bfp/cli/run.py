@@ -24,9 +24,8 @@ from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
 from ..engine.slack import SlackNotifier, read_token
-from ..engine.step import PlainStep
 from ..engine.trainer import Trainer, TrainConfig, convert_model
-from ..optim import sgd
+from .dist_run import distributed_setup
 from .flags import UsageError
 from .tasks import Task
 
@@ -140,12 +139,15 @@ def train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str 
 def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "",
            stream=None) -> dict[str, Any]:
     device = resolve_device(args.device)
+    dist = distributed_setup(args, device)  # process group, device, step strategy, optimizer
+    device = dist.device
     resume_path = ckpt.resolve(args.resume) if args.resume else None
     state = ckpt.load(resume_path, map_location="cpu") if resume_path else None
     seed_everything(args.seed)
-    data = load_data(args, device)
+    data = load_data(args, device, dist.shard)
     config = train_config(args, plan, device)
     model = make_model(task, args, data.num_classes, data.in_channels)
+    dist.check_model(model)
     # A resumed model is first converted as it was when saved; the checkpoint's
     # per-layer precision state then restores any dynamic changes.
     initial = state["network_config"] if state is not None else initial_network_config(args, plan)
@@ -167,8 +169,8 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
         trainer = Trainer(model, data, config, device=device, log=log,
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
                           callbacks=make_callbacks(args, model, token, run_dir, log), plan=plan,
-                          network_config=initial, name=args.model, optimizer_factory=sgd,
-                          amp=MixedPrecision(config.compute_dtype, device.type), step=PlainStep(),
+                          network_config=initial, name=args.model, optimizer_factory=dist.optimizer_factory,
+                          amp=MixedPrecision(config.compute_dtype, device.type), step=dist.step,
                           extra_state={"args": public_args, "plan": plan.to_json(),
                                        "run_dir": str(run_dir) if run_dir else None})
         if state is not None:
@@ -184,7 +186,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                 "bfpsim_version": package_version(), "git_commit": git_commit(),
                 "torch_version": torch.__version__, "device": str(device), "data": data.describe(),
                 "resumed_at_epoch": trainer.epoch if state is not None else None})
-        log(f"{trainer.describe()}; {data.describe()}; device {device}"
+        log(f"{trainer.describe()}; {data.describe()}; device {device}; {dist.describe()}"
             + (f"; run directory {run_dir}" if run_dir else ""))
         if state is None:
             trainer.log_precision()
@@ -198,12 +200,13 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
             "model": trainer.model}
 
 
-def load_data(args: argparse.Namespace, device: torch.device):
+def load_data(args: argparse.Namespace, device: torch.device, shard: tuple[int, int] = (0, 1)):
     try:
         return data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
                              batch_size_test=args.batch_size_test, num_workers=args.num_workers,
                              device=device, gpu_data=args.gpu_data, seed=args.seed, channels=args.in_channels,
-                             limit_train=args.limit_train_images, limit_test=args.limit_test_images)
+                             limit_train=args.limit_train_images, limit_test=args.limit_test_images,
+                             rank=shard[0], world=shard[1])
     except (DataError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
 
