@@ -180,6 +180,13 @@ def test_rank_slices_of_a_global_batch_are_the_single_process_batch():
     assert sum(len(y) for _, y in e0) + sum(len(y) for _, y in e1) == 15
 
 
+def test_emulated_workers_drop_an_incomplete_last_global_batch():
+    one = data_mod.load("digits", batch_size_train=32, limit_train=70)
+    two = data_mod.load("digits", batch_size_train=32, limit_train=70, workers=2)
+    assert [len(y) for _, y in one.train] == [32, 32, 6]
+    assert [len(y) for _, y in two.train] == [32, 32]
+
+
 def test_a_global_batch_that_does_not_split_over_ranks_is_refused():
     with pytest.raises(data_mod.DataError, match="--batch-size-train 9 .* over 2 processes"):
         data_mod.load("digits", batch_size_train=9, rank=0, world=2)

@@ -37,8 +37,9 @@ class DistSetup:
     reduce: Optional[RoundedReduce]
 
     @property
-    def shard(self) -> tuple[int, int]:
-        return self.env.rank, self.env.world_size
+    def shard(self) -> tuple[int, int, int]:
+        """(rank, processes, workers): this process's slice of each global batch and the worker count."""
+        return self.env.rank, self.env.world_size, self.env.world_size * getattr(self.step, "n", 1)
 
     def check_model(self, model: torch.nn.Module) -> None:
         """Every parameter's gradient can be rounded to the gradient format (or a usage error)."""
@@ -49,7 +50,7 @@ class DistSetup:
                 raise UsageError(str(e)) from None
 
     def describe(self) -> str:
-        workers = self.env.world_size * getattr(self.step, "n", 1)
+        workers = self.shard[2]
         where = (f"rank {self.env.rank} of {self.env.world_size} ({self.env.source})" if self.env.distributed
                  else "one process")
         text = f"{where}, {workers} worker(s)"

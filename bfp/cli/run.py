@@ -200,13 +200,13 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
             "model": trainer.model}
 
 
-def load_data(args: argparse.Namespace, device: torch.device, shard: tuple[int, int] = (0, 1)):
+def load_data(args: argparse.Namespace, device: torch.device, shard: tuple[int, int, int] = (0, 1, 1)):
     try:
         return data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
                              batch_size_test=args.batch_size_test, num_workers=args.num_workers,
                              device=device, gpu_data=args.gpu_data, seed=args.seed, channels=args.in_channels,
                              limit_train=args.limit_train_images, limit_test=args.limit_test_images,
-                             rank=shard[0], world=shard[1])
+                             rank=shard[0], world=shard[1], workers=shard[2])
     except (DataError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
 

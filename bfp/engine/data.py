@@ -176,7 +176,7 @@ class TensorLoader:
 def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, batch_size_test: int = 256,
          num_workers: int = 2, device: Any = "cpu", gpu_data: bool = False, seed: int = 0,
          channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0,
-         rank: int = 0, world: int = 1) -> DataBundle:
+         rank: int = 0, world: int = 1, workers: int = 0) -> DataBundle:
     """Train/test loaders for dataset ``name`` (see the module docstring).
 
     ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
@@ -184,7 +184,11 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
     ``rank`` / ``world``: this process's slice of every batch (module docstring);
     ``batch_size_train`` is the global batch and must be a multiple of ``world``.
+    ``workers``: how many workers the global batch is split over (processes times
+    emulated workers; 0: ``world``); with more than one, an incomplete last global
+    batch is dropped, since it would not split evenly.
     """
+    workers = workers or world
     if world > 1 and batch_size_train % world:
         raise DataError(f"--batch-size-train {batch_size_train} (the global batch) cannot be split evenly "
                         f"over {world} processes; use a multiple of {world}")
@@ -202,7 +206,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
         mean, std = _mean_std(train)
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
         return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
-                              batch_size_test, device if gpu_data else "cpu", g, (rank, world))
+                              batch_size_test, device if gpu_data else "cpu", g, (rank, world), workers)
     # CIFAR named with a path to an image folder (the JPEG CIFAR-10) loads the folder
     folder = name == "imagefolder" or (path is not None and _cifar_files_absent(name, Path(path))
                                        and find_image_folder(Path(path)) is not None)
@@ -215,7 +219,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
         return _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
-                              batch_size_test, device, g, (rank, world))
+                              batch_size_test, device, g, (rank, world), workers)
     import torchvision
     import torchvision.transforms as T
     norm = [T.ToTensor(), T.Normalize(mean, std)]
@@ -224,7 +228,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     _base(test_ds).transform = T.Compose(resize + norm)
     pin = torch.device(device).type == "cuda"
     common = dict(num_workers=num_workers, pin_memory=pin, persistent_workers=False)
-    if world > 1:
+    if workers > 1:
         train = torch.utils.data.DataLoader(train_ds, batch_sampler=ShardedBatchSampler(
             len(train_ds), batch_size_train, rank, world, shuffle=True, seed=seed), **common)
         test = torch.utils.data.DataLoader(test_ds, batch_sampler=ShardedBatchSampler(
@@ -257,9 +261,9 @@ def _base(ds):
     return ds.dataset if isinstance(ds, torch.utils.data.Subset) else ds
 
 
-def _tensor_bundle(name, train, test, classes, mean, std, aug, bs_train, bs_test, device, g, shard):
+def _tensor_bundle(name, train, test, classes, mean, std, aug, bs_train, bs_test, device, g, shard, workers):
     train, test = train.to(device), test.to(device)
-    drop = len(train) % bs_train == 1 or (shard[1] > 1 and len(train) % bs_train != 0)
+    drop = len(train) % bs_train == 1 or (workers > 1 and len(train) % bs_train != 0)
     return DataBundle(name, TensorLoader(train, bs_train, mean, std, shuffle=True, augment=aug, generator=g,
                                          drop_last=drop, shard=shard),
                       TensorLoader(test, bs_test, mean, std, shard=shard), len(classes), train.images.shape[1],
