@@ -1,9 +1,12 @@
 """One rank of a multi-process test (launched by tests/test_distributed*.py with RANK/WORLD_SIZE set).
 
     python tests/_dist_worker.py hook OUT_DIR      DDP hook and emulated workers; saves OUT_DIR/rank<r>.pt
-    python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn
+    python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn;
+                                                   an item {"copy_run": [SRC, DST]} makes rank 0 copy a run
+                                                   directory without its last.pt (to resume an earlier epoch)
 """
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -138,6 +141,13 @@ def main() -> int:
         return 0
     from bfp.cli import run_task
     for argv in json.loads(sys.argv[2]):
+        if isinstance(argv, dict):
+            src, dst = argv["copy_run"]
+            if e.rank == 0:
+                shutil.copytree(src, dst)
+                (Path(dst) / "checkpoints" / "last.pt").unlink()
+            dist.barrier()
+            continue
         status = run_task("cifar", argv)
         if status:
             return status

@@ -14,22 +14,31 @@ def final_state(run_dir):
     return torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
 
 
+def assert_same_training(a, b, what):
+    assert a["global_step"] == b["global_step"] == 4
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:  # weights and BatchNorm running statistics
+        assert torch.equal(a["model"][k], b["model"][k]), (what, k)
+    for k, s in a["optimizer"]["state"].items():
+        assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), (what, k)
+    assert [h["test_acc1"] for h in a["history"]] == [h["test_acc1"] for h in b["history"]]
+
+
 def test_two_gloo_processes_equal_one_process_emulating_two_workers(tiny_args, tmp_path):
-    common = ["--training-epochs", "1", "--save", "True", "--grad-exp", "4", "--grad-man", "3",
-              "--optim-lr", "0.05"]
+    common = ["--training-epochs", "2", "--save", "True", "--save-interval", "1", "--grad-exp", "4",
+              "--grad-man", "3", "--optim-lr", "0.05"]
     variants = {"plain": [], "aps": ["--use-aps"]}
     runs = [tiny_args(*common, *extra, "--run-name", f"ddp_{v}") for v, extra in variants.items()]
+    # --resume under 2 processes: a copy of the plain run continues from its epoch-1 checkpoint
+    copy = tmp_path / "runs" / "ddp_resumed"
+    runs += [{"copy_run": [str(tmp_path / "runs" / "ddp_plain"), str(copy)]},
+             ["--resume", str(copy / "checkpoints" / "epoch_001.pt"), "--progress", "False"]]
     launch(["cifar", json.dumps(runs)], timeout=240)
     for v, extra in variants.items():
         assert main(tiny_args(*common, *extra, "--emulate-node", "2", "--run-name", f"emu_{v}")) == 0
         ddp, emu = (final_state(tmp_path / "runs" / f"{k}_{v}") for k in ("ddp", "emu"))
-        assert ddp["global_step"] == emu["global_step"] == 2
-        assert ddp["model"].keys() == emu["model"].keys()
-        for k in ddp["model"]:  # weights and BatchNorm running statistics
-            assert torch.equal(ddp["model"][k], emu["model"][k]), (v, k)
-        for k, s in ddp["optimizer"]["state"].items():
-            assert torch.equal(s["momentum_buffer"], emu["optimizer"]["state"][k]["momentum_buffer"]), (v, k)
-        assert ddp["history"][0]["test_acc1"] == emu["history"][0]["test_acc1"]
+        assert_same_training(ddp, emu, v)
+    assert_same_training(final_state(copy), final_state(tmp_path / "runs" / "ddp_plain"), "resumed")
     # APS changed the training (the test can tell the two variants apart)
     a, b = final_state(tmp_path / "runs" / "emu_plain"), final_state(tmp_path / "runs" / "emu_aps")
     assert any(not torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
