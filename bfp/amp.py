@@ -116,7 +116,7 @@ class LossScaler:
         found = None
         for f in flags:
             found = f if found is None else found.logical_or(f.to(found.device))
-        overflow = found is not None and bool(found.item())  # the step's one host sync
+        overflow = bool(_any_rank(found, grads).item())  # the step's one host sync
         if not overflow:
             by_device: dict[Any, list[torch.Tensor]] = {}
             for g in grads:
@@ -204,3 +204,18 @@ class MixedPrecision:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.scaler.load_state_dict(state)
+
+
+def _any_rank(found: Optional[torch.Tensor], grads: list[torch.Tensor]) -> torch.Tensor:
+    """``found`` (this process's overflow flag) ORed over the ranks of a distributed run.
+
+    Why: a simulated gradient point sees only its own rank's micro-batch, so one
+    rank can overflow where another does not; every rank must then skip the step
+    and back off alike, or their weights and scales part. Single process: ``found``.
+    """
+    device = grads[0].device if grads else torch.device("cpu")
+    flag = torch.zeros((), dtype=torch.int32, device=device) if found is None else found.to(device, torch.int32)
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return flag

@@ -17,6 +17,7 @@ from ..engine import data as data_mod
 from .amp_flags import add_amp_flags
 from .helpformat import HelpFormatter
 from .resume_flags import add_resume_flags
+from .dist_flags import add_distributed_flags
 from .tasks import Task
 
 
@@ -140,6 +141,8 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                         "on a busy machine")
     g.add_argument("--gpu-data", **b, default=False,
                    help="keep the whole dataset on --device and augment there (fast for small models)")
+
+    add_distributed_flags(p, b)
 
     g = p.add_argument_group("output")
     g.add_argument("--log", **b, default=False, help="write runs/<name>/: config.json, log.txt, TensorBoard")

@@ -88,11 +88,11 @@ class ImagenetHooks:
             print(tv.load_pretrained(model, args.model, None if args.pretrained == "default" else args.pretrained))
         return model
 
-    def load_data(self, args: argparse.Namespace, device: torch.device):
+    def load_data(self, args: argparse.Namespace, device: torch.device, shard: tuple[int, int, int]):
         return load_imagenet(args.dataset_path, args.image_size, batch_size_train=args.batch_size_train,
                              batch_size_test=args.batch_size_test, num_workers=args.num_workers,
                              device=device, seed=args.seed, limit_train=args.limit_train_images,
-                             limit_test=args.limit_test_images, strict_images=args.strict_images)
+                             limit_test=args.limit_test_images, strict_images=args.strict_images, shard=shard)
 
     def callbacks(self, args: argparse.Namespace) -> list[Callback]:
         return [PrintFreq(args.print_freq)] if args.print_freq else []

@@ -25,10 +25,9 @@ from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
 from ..engine.slack import SlackNotifier, SlackTokenError, read_token
-from ..engine.step import PlainStep
 from ..engine.trainer import Trainer, TrainConfig, convert_model
-from ..optim import sgd
 from .amp_flags import amp_callbacks, make_amp
+from .dist_run import distributed_setup
 from .flags import UsageError
 from .resume_checks import check_data, load_state, remove_stale_temps
 from .tasks import Task
@@ -150,13 +149,16 @@ def train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str 
 def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str = "",
            stream=None) -> dict[str, Any]:
     device = resolve_device(args.device)
+    dist = distributed_setup(args, device)  # process group, device, step strategy, optimizer
+    device = dist.device
     resume_path = checkpoint_set.resolve(args.resume) if args.resume else None
     state = checkpoint_set.load_with_hint(resume_path, map_location="cpu") if resume_path else None
     seed_everything(args.seed)
-    data = load_data(args, device, task)
+    data = load_data(args, device, task, dist.shard)
     data_note = check_data(args, resume_path, state, data) if state is not None else None
     config = train_config(args, plan, device)
     model = make_model(task, args, data.num_classes, data.in_channels)
+    dist.check_model(model)
     # A resumed model is first converted as it was when saved; the checkpoint's
     # per-layer precision state then restores any dynamic changes.
     initial = state["network_config"] if state is not None else initial_network_config(args, plan)
@@ -182,8 +184,8 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
                           callbacks=make_callbacks(args, model, token, run_dir, log) + images.report_callbacks(data)
                           + (task.hooks.callbacks(args) if task.hooks else []), plan=plan,
-                          network_config=initial, name=args.model, optimizer_factory=sgd,
-                          amp=make_amp(args, config.compute_dtype, device.type), step=PlainStep(),
+                          network_config=initial, name=args.model, optimizer_factory=dist.optimizer_factory,
+                          amp=make_amp(args, config.compute_dtype, device.type), step=dist.step,
                           extra_state={"args": public_args, "plan": plan.to_json(),
                                        "run_dir": str(run_dir) if run_dir else None, "data": data.fingerprint})
         if state is not None:
@@ -202,7 +204,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                 "bfpsim_version": package_version(), "git_commit": git_commit(),
                 "torch_version": torch.__version__, "device": str(device), "data": data.describe(),
                 "resumed_at_epoch": trainer.epoch if state is not None else None})
-        log(f"{trainer.describe()}; {data.describe()}; device {device}"
+        log(f"{trainer.describe()}; {data.describe()}; device {device}; {dist.describe()}"
             + (f"; run directory {run_dir}" if run_dir else ""))
         if state is None:
             trainer.log_precision()
@@ -216,15 +218,18 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
             "model": trainer.model}
 
 
-def load_data(args: argparse.Namespace, device: torch.device, task: Optional[Task] = None):
+def load_data(args: argparse.Namespace, device: torch.device, task: Optional[Task] = None,
+              shard: tuple[int, int, int] = (0, 1, 1)):
+    """The run's data; ``shard`` = (rank, world, workers) of a distributed or emulated run."""
     try:
         if task is not None and task.hooks is not None:
-            return task.hooks.load_data(args, device)
+            return task.hooks.load_data(args, device, shard)
         return data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
                              batch_size_test=args.batch_size_test, num_workers=args.num_workers,
                              device=device, gpu_data=args.gpu_data, seed=args.seed, channels=args.in_channels,
                              limit_train=args.limit_train_images, limit_test=args.limit_test_images,
-                             strict_images=args.strict_images)
+                             strict_images=args.strict_images, rank=shard[0], world=shard[1],
+                             workers=shard[2])
     except (DataError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
 

@@ -29,6 +29,16 @@ Test data is never augmented. The DataLoader path draws its shuffle order and
 per-sample augmentation keys in the main process (``bfp.engine.augment``), so
 the batches are the same for any ``num_workers``. ``DataBundle.fingerprint``
 (``bfp.engine.fingerprint``) is what a resume checks the dataset against.
+
+Distributed runs (``rank``/``world`` of ``load``): every rank draws the same
+global batch of ``batch_size_train`` images (the same shuffle and the same
+augmentation draws, from generators seeded alike) and keeps its contiguous
+``1/world`` slice of it, so rank ``r`` trains on what worker ``r`` of an
+``--emulate-node`` run sees; an incomplete last global batch is dropped.
+The DataLoader path does this with ``ShardedBatchSampler``, whose shuffle is
+seeded by ``seed + epoch`` (``DataBundle.set_epoch``, called by the Trainer
+every epoch). Test batches are split the same way, and the Trainer adds the
+ranks' counts.
 """
 from __future__ import annotations
 
@@ -76,6 +86,13 @@ class DataBundle:
     generator: torch.Generator  # drives shuffling and augmentation of ``train``
     fingerprint: Optional[dict] = None  # classes, image counts, sizes (bfp.engine.fingerprint)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle a distributed sampler for ``epoch`` (TensorLoaders draw from ``generator``)."""
+        loader = getattr(self.train, "loader", self.train)  # through images.SkippingLoader
+        sampler = getattr(loader, "batch_sampler", None)
+        if isinstance(sampler, ShardedBatchSampler):
+            sampler.set_epoch(epoch)
+
     def describe(self) -> str:
         return (f"{self.name}: {len(self.train.dataset)} train / {len(self.test.dataset)} test images, "
                 f"{self.num_classes} classes, {self.in_channels} channels")
@@ -115,8 +132,9 @@ class TensorLoader:
 
     def __init__(self, dataset: TensorDataset, batch_size: int, mean, std, *, shuffle: bool = False,
                  augment: Optional[Augment] = None, generator: Optional[torch.Generator] = None,
-                 drop_last: bool = False):
+                 drop_last: bool = False, shard: tuple[int, int] = (0, 1)):
         self.dataset, self.batch_size = dataset, batch_size
+        self.shard = shard  # (rank, world): keep slice ``rank`` of ``world`` of every batch
         self.shuffle, self.augment, self.drop_last = shuffle, augment, drop_last
         self.generator = generator if generator is not None else torch.Generator()
         dev = dataset.images.device
@@ -131,19 +149,31 @@ class TensorLoader:
         n, dev = len(self.dataset), self.dataset.images.device
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
         for i in range(len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size].to(dev)
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            draws = self._draws(len(idx)) if self.augment is not None else None
+            part = torch.tensor_split(torch.arange(len(idx)), self.shard[1])[self.shard[0]]
+            if len(part) == 0:
+                continue
+            idx = idx[part].to(dev)
             x = self.dataset.images.index_select(0, idx)
-            if self.augment is not None:
-                x = self._augment(x)
+            if draws is not None:
+                x = self._augment(x, *(d[part] if d is not None else None for d in draws))
             x = (x.float() - self.mean) / self.std
             yield x, self.dataset.labels.index_select(0, idx)
 
-    def _augment(self, x: torch.Tensor) -> torch.Tensor:
+    def _draws(self, b: int):
+        """Crop offsets and flips of a whole (global) batch of ``b`` images."""
+        p, g = self.augment.pad, self.generator
+        dy = torch.randint(0, 2 * p + 1, (b,), generator=g) if p else None
+        dx = torch.randint(0, 2 * p + 1, (b,), generator=g) if p else None
+        flip = (torch.rand(b, generator=g) < 0.5) if self.augment.flip else None
+        return dy, dx, flip
+
+    def _augment(self, x: torch.Tensor, dy, dx, flip) -> torch.Tensor:
         b, _, h, w = x.shape
         p = self.augment.pad
         if p:
-            dy = torch.randint(0, 2 * p + 1, (b,), generator=self.generator).to(x.device)
-            dx = torch.randint(0, 2 * p + 1, (b,), generator=self.generator).to(x.device)
+            dy, dx = dy.to(x.device), dx.to(x.device)
             xp = F.pad(x, (p, p, p, p))  # zero pixels, as torchvision's RandomCrop(padding=p)
             rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]
             cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]
@@ -151,7 +181,7 @@ class TensorLoader:
             cidx = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
             x = xp[bidx, cidx, rows, cols]
         if self.augment.flip:
-            flip = (torch.rand(b, generator=self.generator) < 0.5).to(x.device)
+            flip = flip.to(x.device)
             x = torch.where(flip[:, None, None, None], x.flip(3), x)
         return x
 
@@ -159,7 +189,7 @@ class TensorLoader:
 def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, batch_size_test: int = 256,
          num_workers: int = 2, device: Any = "cpu", gpu_data: bool = False, seed: int = 0,
          channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0,
-         strict_images: bool = False) -> DataBundle:
+         strict_images: bool = False, rank: int = 0, world: int = 1, workers: int = 0) -> DataBundle:
     """Train/test loaders for dataset ``name`` (see the module docstring).
 
     ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
@@ -167,7 +197,14 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
     ``strict_images``: decode every image-folder file first and refuse unreadable ones
     (``bfp.engine.images``); otherwise they are skipped and reported.
+    ``rank`` / ``world``: this process's slice of every batch (module docstring);
+    ``batch_size_train`` is the global batch and must be a multiple of ``world``.
+    ``workers``: how many workers the global batch is split over (processes times
+    emulated workers; 0: ``world``); with more than one, an incomplete last global
+    batch is dropped, since it would not split evenly.
     """
+    workers = workers or world
+    check_global_batch(batch_size_train, world)
     name = canonical_name(name)
     if channels != 3 and name != "digits":
         raise DataError(f"--in-channels {channels}: only the digits dataset can change its channel "
@@ -186,7 +223,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
         mean, std = _mean_std(train)
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
         bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
-                                batch_size_test, device if gpu_data else "cpu", g)
+                                batch_size_test, device if gpu_data else "cpu", g, (rank, world), workers)
         bundle.fingerprint = fp
         return bundle
     # CIFAR named with a path to an image folder (the JPEG CIFAR-10) loads the folder
@@ -208,7 +245,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
         bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
-                                batch_size_test, device, g)
+                                batch_size_test, device, g, (rank, world), workers)
         bundle.fingerprint = fp
         return bundle
     import torchvision
@@ -221,16 +258,41 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     pin = torch.device(device).type == "cuda"
     common = dict(num_workers=num_workers, pin_memory=pin, persistent_workers=False)
     train_aug = KeyedAugment(train_ds, pad=aug.pad, flip=aug.flip, mean=mean, std=std)
-    if folder:  # unreadable files are dropped from their batch and reported (bfp.engine.images)
+    return DataBundle(name, *loaders(train_aug, test_ds, batch_size_train, batch_size_test, g, seed,
+                                     (rank, world, workers), skipping=folder, **common),
+                      len(classes), 3, classes, g, fp)
+
+
+def loaders(train_ds, test_ds, batch_size_train: int, batch_size_test: int, g: torch.Generator, seed: int,
+            shard: tuple[int, int, int], *, skipping: bool, **common):
+    """Train and test ``DataLoader``s; ``train_ds`` takes ``(index, epoch key)`` items
+    (``bfp.engine.augment``). ``shard`` = (rank, world, workers): with more than one
+    worker every batch is the global one, cut into this rank's slice
+    (``ShardedBatchSampler``). ``skipping``: unreadable image files are dropped from
+    their batches and reported (``bfp.engine.images``)."""
+    rank, world, workers = shard
+    if skipping:
         common["collate_fn"] = images.collate
-    # A last batch of one image would break BatchNorm in training mode: drop it.
-    train = torch.utils.data.DataLoader(train_aug, batch_size=batch_size_train,
-                                        sampler=KeyedSampler(len(train_ds), g), generator=g,
-                                        drop_last=len(train_ds) % batch_size_train == 1, **common)
-    test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
-    if folder:
+    if workers > 1:
+        train = torch.utils.data.DataLoader(train_ds, batch_sampler=ShardedBatchSampler(
+            len(train_ds), batch_size_train, rank, world, shuffle=True, seed=seed), **common)
+        test = torch.utils.data.DataLoader(test_ds, batch_sampler=ShardedBatchSampler(
+            len(test_ds), batch_size_test, rank, world, shuffle=False, seed=seed), **common)
+    else:
+        # A last batch of one image would break BatchNorm in training mode: drop it.
+        train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train,
+                                            sampler=KeyedSampler(len(train_ds), g), generator=g,
+                                            drop_last=len(train_ds) % batch_size_train == 1, **common)
+        test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
+    if skipping:
         train, test = images.SkippingLoader(train, min_batch=2), images.SkippingLoader(test)
-    return DataBundle(name, train, test, len(classes), 3, classes, g, fp)
+    return train, test
+
+
+def check_global_batch(batch_size_train: int, world: int) -> None:
+    if world > 1 and batch_size_train % world:
+        raise DataError(f"--batch-size-train {batch_size_train} (the global batch) cannot be split evenly "
+                        f"over {world} processes; use a multiple of {world}")
 
 
 def _check_train_size(name: str, n: int) -> None:
@@ -253,12 +315,46 @@ def _base(ds):
     return ds.dataset if isinstance(ds, torch.utils.data.Subset) else ds
 
 
-def _tensor_bundle(name, train, test, classes, mean, std, aug, bs_train, bs_test, device, g):
+def _tensor_bundle(name, train, test, classes, mean, std, aug, bs_train, bs_test, device, g, shard, workers):
     train, test = train.to(device), test.to(device)
+    drop = len(train) % bs_train == 1 or (workers > 1 and len(train) % bs_train != 0)
     return DataBundle(name, TensorLoader(train, bs_train, mean, std, shuffle=True, augment=aug, generator=g,
-                                         drop_last=len(train) % bs_train == 1),
-                      TensorLoader(test, bs_test, mean, std), len(classes), train.images.shape[1],
+                                         drop_last=drop, shard=shard),
+                      TensorLoader(test, bs_test, mean, std, shard=shard), len(classes), train.images.shape[1],
                       classes, g)
+
+
+class ShardedBatchSampler(torch.utils.data.Sampler):
+    """Rank ``rank``'s contiguous ``1/world`` slice of every global batch of ``batch_size``.
+
+    ``shuffle``: a permutation and an augmentation key (training items are
+    ``(index, key)``, ``bfp.engine.augment``) drawn from ``seed + epoch``
+    (``set_epoch``), the same on every rank; training drops an incomplete last global batch, evaluation keeps it
+    (split as evenly as it goes; a rank with nothing of it skips that batch).
+    """
+
+    def __init__(self, n: int, batch_size: int, rank: int, world: int, *, shuffle: bool, seed: int = 0):
+        self.n, self.batch_size, self.rank, self.world = n, batch_size, rank, world
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.shuffle else -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        key = None
+        if self.shuffle:
+            g = torch.Generator().manual_seed((self.seed + self.epoch) % 2 ** 63)
+            order = torch.randperm(self.n, generator=g)
+            key = int(torch.randint(0, 2 ** 62, (), generator=g))
+        else:
+            order = torch.arange(self.n)
+        for i in range(len(self)):
+            part = torch.tensor_split(order[i * self.batch_size:(i + 1) * self.batch_size], self.world)[self.rank]
+            if len(part):
+                yield part.tolist() if key is None else [(j, key) for j in part.tolist()]
 
 
 def _mean_std(ds: TensorDataset):

@@ -24,8 +24,9 @@ from typing import Any, Optional
 import torch
 
 from . import images
-from .augment import KeyedSampler, KeyedTransform
-from .data import IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit, find_image_folder
+from .augment import KeyedTransform
+from .data import (IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit,
+                   check_global_batch, find_image_folder, loaders)
 from .fingerprint import fingerprint
 
 
@@ -61,9 +62,12 @@ def _folder(path: Path) -> images.ImageFolder:
 
 def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_train: int = 256,
                   batch_size_test: int = 256, num_workers: int = 4, device: Any = "cpu", seed: int = 0,
-                  limit_train: int = 0, limit_test: int = 0, strict_images: bool = False) -> DataBundle:
-    """Train and validation loaders of the tree at ``path`` (see the module docstring)."""
+                  limit_train: int = 0, limit_test: int = 0, strict_images: bool = False,
+                  shard: tuple[int, int, int] = (0, 1, 1)) -> DataBundle:
+    """Train and validation loaders of the tree at ``path`` (see the module docstring);
+    ``shard`` = (rank, world, workers) as ``bfp.engine.data.loaders`` takes it."""
     import torchvision.transforms as T
+    check_global_batch(batch_size_train, shard[1])
     if image_size < 8:
         raise DataError(f"--image-size must be >= 8, got {image_size}")
     train_dir, val_dir = tree(path)
@@ -87,10 +91,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
             except images.UnreadableImages as e:
                 raise DataError(f"--strict-images: {e}") from None
     g = torch.Generator().manual_seed(seed)
-    common = dict(num_workers=num_workers, pin_memory=torch.device(device).type == "cuda",
-                  collate_fn=images.collate)
-    train = torch.utils.data.DataLoader(KeyedTransform(train_ds), batch_size=batch_size_train,
-                                        sampler=KeyedSampler(len(train_ds), g), generator=g, drop_last=len(train_ds) % batch_size_train == 1, **common)
-    val = torch.utils.data.DataLoader(val_ds, batch_size=batch_size_test, shuffle=False, **common)
-    return DataBundle("imagenet", images.SkippingLoader(train, min_batch=2), images.SkippingLoader(val),
-                      len(classes), 3, classes, g, fp)
+    pin = torch.device(device).type == "cuda"
+    train, val = loaders(KeyedTransform(train_ds), val_ds, batch_size_train, batch_size_test, g, seed, shard,
+                         skipping=True, num_workers=num_workers, pin_memory=pin)
+    return DataBundle("imagenet", train, val, len(classes), 3, classes, g, fp)

@@ -28,7 +28,7 @@ from . import checkpoint as ckpt
 from . import checkpoint_set
 from .callbacks import Callback, CallbackList
 from .logs import RunLog
-from .ranks import is_main
+from .ranks import broadcast_buffers, is_main, sum_over_ranks
 from .lr_thirds import SCHEDULES, make_schedule
 from .schedule import EpochPlan
 from .step import PlainStep
@@ -190,6 +190,7 @@ class Trainer:
             while self.epoch < self.epochs:
                 epoch = self.epoch
                 self._apply_plan(epoch)
+                self.data.set_epoch(epoch)  # a distributed sampler's shuffle for this epoch
                 self.callbacks.call("on_epoch_start", self, epoch)
                 metrics = self.train_epoch(epoch)
                 metrics.update(self.evaluate())
@@ -240,7 +241,10 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, loader=None) -> dict[str, float]:
+        """Loss and accuracy on ``loader`` (default the test set); in a distributed run each
+        rank evaluates its shard and the sums are added over ranks."""
         self.model.eval()
+        broadcast_buffers(self.model)
         loader = loader if loader is not None else self.data.test
         n, loss_sum = 0, torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros(2, dtype=torch.long, device=self.device)
@@ -252,7 +256,10 @@ class Trainer:
             loss_sum += F.cross_entropy(out, y, reduction="sum").double()
             correct += torch.stack(topk_correct(out, y))
             n += len(y)
-        acc = (100.0 * correct.double() / max(1, n)).tolist()
+        totals = sum_over_ranks(torch.cat([torch.tensor([n], device=self.device), correct]).double())
+        loss_sum = sum_over_ranks(loss_sum)
+        n, correct = int(totals[0].item()), totals[1:]
+        acc = (100.0 * correct / max(1, n)).tolist()
         return {"test_loss": loss_sum.item() / max(1, n), "test_acc1": acc[0], "test_acc5": acc[1]}
 
     def _record(self, epoch: int, m: dict[str, float]) -> None:
@@ -315,6 +322,6 @@ class Trainer:
 
 
 def _progress(loader, desc: str, enabled: bool):
-    if not enabled:
+    if not enabled or not is_main():
         return loader
     return tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, disable=None)

@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .lars import LARS, lars  # noqa: F401  (layer-wise adaptive rate scaling)
+
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], Any], torch.optim.Optimizer]
 
 
@@ -20,4 +22,4 @@ def sgd(params: Iterable[torch.nn.Parameter], config: Any) -> torch.optim.SGD:
                            weight_decay=config.weight_decay, nesterov=config.nesterov)
 
 
-FACTORIES: dict[str, OptimizerFactory] = {"sgd": sgd}
+FACTORIES: dict[str, OptimizerFactory] = {"sgd": sgd, "lars": lars}

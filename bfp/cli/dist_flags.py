@@ -1,0 +1,49 @@
+"""Flags of distributed training and the low-precision gradient all-reduce.
+
+The original CPD scripts' spellings are kept as aliases (``--grad_exp``,
+``--grad_man``, ``--use_APS``, ``--use_kahan``, ``--use_lars``,
+``--emulate_node``), so its documented commands work; the process layout
+comes from the launcher (torchrun or srun), not from flags.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ..distributed.reduce import DIVIDE, ORDERS
+from ..optim.lars import DEFAULT_TRUST
+
+
+def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
+    """The 'distributed' group; ``boolean`` is build_parser's keyword set for True/False flags."""
+    g = p.add_argument_group(
+        "distributed (torchrun / srun; bfp.distributed)",
+        "Launch with torchrun or srun for data-parallel training; --batch-size-train stays the global "
+        "batch. A gradient format (--grad-exp/--grad-man or --grad-format) rounds every worker's "
+        "gradient and every partial sum of the all-reduce; see docs/distributed.md.")
+    g.add_argument("--grad-exp", "--grad_exp", dest="grad_exp", type=int, default=None, metavar="E",
+                   help="exponent bits of the gradient all-reduce format (with --grad-man)")
+    g.add_argument("--grad-man", "--grad_man", dest="grad_man", type=int, default=None, metavar="M",
+                   help="mantissa bits of the gradient all-reduce format (with --grad-exp)")
+    g.add_argument("--grad-format", default=None, metavar="NAME",
+                   help="gradient all-reduce format by preset name (e4m3, e5m2, bfloat16, mxfp8_e4m3, "
+                        "fb16 ...), instead of --grad-exp/--grad-man")
+    g.add_argument("--grad-order", default="ring", choices=ORDERS,
+                   help="order of the rounded sums: ring (what a ring reduce-scatter adds) or sequential "
+                        "(CPD: gather, add in rank order)")
+    g.add_argument("--grad-reduce", default="mean", choices=("mean", "sum"),
+                   help="average the workers' gradients (as DDP) or sum them")
+    g.add_argument("--grad-divide", default="before", choices=DIVIDE,
+                   help="mean only: divide by the worker count before rounding (PyTorch's fp16 hook; no "
+                        "overflow) or after the sum")
+    g.add_argument("--use-aps", "--use_APS", "--use-APS", dest="use_aps", **boolean, default=False,
+                   help="auto precision scaling: per gradient tensor, shift by a power of two so the "
+                        "largest sum lands at the top of the format, reduce, shift back")
+    g.add_argument("--use-kahan", "--use_kahan", dest="use_kahan", **boolean, default=False,
+                   help="Kahan-compensated sums inside the gradient reduction")
+    g.add_argument("--use-lars", "--use_lars", dest="use_lars", **boolean, default=False,
+                   help="LARS optimizer (layer-wise adaptive rate scaling) instead of SGD")
+    g.add_argument("--lars-trust", type=float, default=DEFAULT_TRUST, metavar="ETA",
+                   help="LARS trust coefficient")
+    g.add_argument("--emulate-node", "--emulate_node", dest="emulate_node", type=int, default=1, metavar="N",
+                   help="emulate N workers per process: each batch is cut into N micro-batches whose "
+                        "gradients go through the same rounded reduction")

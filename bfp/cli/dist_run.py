@@ -1,0 +1,104 @@
+"""Flags and launcher environment -> the process group, the device, the step strategy and the optimizer.
+
+One call from ``run.py`` (``distributed_setup``) keeps the run assembly
+small. The strategy:
+
+* one process, no gradient format, no emulated workers: ``PlainStep`` (as before);
+* several processes, one worker each: ``DDPStep`` (the rounded hook when a
+  gradient format, APS or Kahan is asked for, DDP's float32 mean otherwise);
+* otherwise ``EmulatedStep`` (``--emulate-node`` workers per process; also a
+  single worker whose gradient is rounded to the gradient format).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from ..distributed import env as dist_env
+from ..distributed.ddp import DDPStep
+from ..distributed.emulated import EmulatedStep
+from ..distributed.reduce import RoundedReduce, check_grad_format
+from ..engine.step import PlainStep
+from ..formats import Float, Format, format_from_name
+from ..optim import OptimizerFactory, lars, sgd
+from .flags import UsageError
+
+
+@dataclass
+class DistSetup:
+    env: dist_env.DistEnv
+    device: torch.device
+    step: Any
+    optimizer_factory: OptimizerFactory
+    reduce: Optional[RoundedReduce]
+
+    @property
+    def shard(self) -> tuple[int, int, int]:
+        """(rank, processes, workers): this process's slice of each global batch and the worker count."""
+        return self.env.rank, self.env.world_size, self.env.world_size * getattr(self.step, "n", 1)
+
+    def check_model(self, model: torch.nn.Module) -> None:
+        """Every parameter's gradient can be rounded to the gradient format (or a usage error)."""
+        if self.reduce is not None:
+            try:
+                check_grad_format(self.reduce.fmt, [p.shape for p in model.parameters()])
+            except ValueError as e:
+                raise UsageError(str(e)) from None
+
+    def describe(self) -> str:
+        workers = self.shard[2]
+        where = (f"rank {self.env.rank} of {self.env.world_size} ({self.env.source})" if self.env.distributed
+                 else "one process")
+        text = f"{where}, {workers} worker(s)"
+        return text + (f"; {self.reduce.describe()}" if self.reduce is not None else "")
+
+
+def grad_format(args: argparse.Namespace) -> Optional[Format]:
+    """The gradient format the flags name, or None (float32)."""
+    exp, man, name = args.grad_exp, args.grad_man, args.grad_format
+    if name is not None and (exp is not None or man is not None):
+        raise UsageError("give either --grad-format or --grad-exp/--grad-man, not both")
+    if (exp is None) != (man is None):
+        raise UsageError(f"--grad-exp and --grad-man go together; got --grad-exp {exp} --grad-man {man}")
+    try:
+        fmt = format_from_name(name) if name is not None else Float(exp, man) if exp is not None else None
+        check_grad_format(fmt)
+    except ValueError as e:
+        flag = f"--grad-format {name}" if name is not None else f"--grad-exp {exp} --grad-man {man}"
+        raise UsageError(f"{flag}: {e}") from None
+    return fmt
+
+
+def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSetup:
+    """Read the launcher's environment, join the process group and choose the step strategy."""
+    try:
+        e = dist_env.read_env()
+    except dist_env.DistEnvError as err:
+        raise UsageError(str(err)) from None
+    if args.emulate_node < 1:
+        raise UsageError(f"--emulate-node must be >= 1 (workers emulated per process), got {args.emulate_node}")
+    workers = e.world_size * args.emulate_node
+    if args.batch_size_train % workers:
+        raise UsageError(f"--batch-size-train {args.batch_size_train} (the global batch) is not divisible by "
+                         f"{workers} workers ({e.world_size} process(es) x --emulate-node {args.emulate_node})")
+    if args.lars_trust < 0:
+        raise UsageError(f"--lars-trust must be >= 0, got {args.lars_trust}")
+    fmt = grad_format(args)
+    device = dist_env.device_for(e, device)
+    dist_env.init(e, device)
+    rounded = fmt is not None or args.use_aps or args.use_kahan
+    reduce = RoundedReduce(fmt, order=args.grad_order, aps=args.use_aps, kahan=args.use_kahan,
+                           average=args.grad_reduce == "mean", divide=args.grad_divide) \
+        if rounded or args.emulate_node > 1 else None
+    if e.distributed and args.emulate_node == 1:
+        step: Any = DDPStep(reduce if rounded else None, device)
+    elif reduce is not None:
+        step = EmulatedStep(args.emulate_node, reduce)
+    else:
+        step = PlainStep()
+    factory = functools.partial(lars, trust_coefficient=args.lars_trust) if args.use_lars else sgd
+    return DistSetup(e, device, step, factory, reduce)

@@ -1,0 +1,109 @@
+"""N workers emulated in one process (``--emulate-node N``), CPD's way to study 8 or 256 workers on one GPU.
+
+``EmulatedStep(n, reduce)`` is a step strategy (the interface of
+``bfp.engine.step.PlainStep``): it cuts the batch into ``n`` contiguous
+micro-batches, runs forward and backward on each as worker ``w`` would, keeps
+every worker's gradient apart and combines them with the same rounded
+reduction as the DDP hook (``bfp.distributed.reduce``). Under ``torchrun``
+each process emulates ``n`` workers and the gradients of all
+``world * n`` workers are gathered (rank order, then worker order), so 8
+processes with ``n = 32`` reduce like 256 workers.
+
+What matches a real run of ``world * n`` workers bit for bit (tested: a
+2-process gloo run against one process with ``--emulate-node 2``): the
+gradients, their reduction, the parameters and optimizer state. BatchNorm
+running statistics follow DDP's ``broadcast_buffers=True``: they are
+worker 0's, updated by worker 0's micro-batch only; the other workers'
+micro-batch statistics normalise their own forward (each worker's
+BatchNorm sees only its own micro-batch, as on its own GPU) and are then
+discarded. Under ``torchrun`` the buffers are broadcast from rank 0 before
+every step, as DDP does. Randomness drawn inside the model (dropout,
+stochastic rounding of a network config) comes from this process's one
+generator in worker order and so differs from separate processes.
+
+Unused parameters: a worker whose backward leaves a gradient ``None``
+contributes zeros; a parameter no worker touched keeps ``grad = None`` (the
+optimizer skips it). The reported loss is the mean of the micro-batch
+losses; the logits are concatenated.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .hook import gather_workers, reduce_flat
+from .reduce import RoundedReduce
+
+
+def _world(group: Any) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def broadcast_state(tensors, group: Any = None) -> None:
+    """Copy rank 0's ``tensors`` to every rank (no-op in a single process)."""
+    if _world(group) > 1:
+        for t in tensors:
+            dist.broadcast(t.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+
+
+class EmulatedStep:
+    """Train on a batch as ``n`` workers per process whose gradients go through ``reduce``."""
+
+    def __init__(self, n: int, reduce: RoundedReduce, group: Optional[Any] = None):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"--emulate-node must be a positive integer, got {n!r}")
+        self.n, self.reduce, self.group = n, reduce, group
+        self._synced: Optional[int] = None
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """The model itself; under torchrun, rank 0's parameters are copied to all ranks once."""
+        if self._synced != id(model):
+            broadcast_state(list(model.parameters()) + list(model.buffers()), self.group)
+            self._synced = id(model)
+        return model
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion, optimizer,
+                 amp) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(x) % self.n:
+            raise ValueError(f"a batch of {len(x)} images cannot be split into --emulate-node {self.n} "
+                             f"equal micro-batches")
+        broadcast_state(list(model.buffers()), self.group)  # as DDP's broadcast_buffers
+        params = [p for p in model.parameters() if p.requires_grad]
+        sizes = [p.numel() for p in params]
+        total = sum(sizes)
+        # one row per worker: its flat gradient, then one 0/1 "has a gradient" column per parameter
+        rows = torch.zeros(self.n, total + len(params), dtype=torch.float32, device=x.device)
+        losses, outs, kept = [], [], None
+        for w, (xw, yw) in enumerate(zip(x.chunk(self.n), y.chunk(self.n))):
+            optimizer.zero_grad(set_to_none=True)
+            with amp.autocast():
+                out = model(xw)
+                loss = criterion(out.float(), yw)
+            amp.backward(loss)
+            if w == 0:
+                kept = [b.detach().clone() for b in model.buffers()]
+            else:
+                for b, k in zip(model.buffers(), kept):
+                    b.data.copy_(k)
+            off = 0
+            for i, p in enumerate(params):
+                if p.grad is not None:
+                    rows[w, off:off + sizes[i]] = p.grad.detach().reshape(-1).float()
+                    rows[w, total + i] = 1.0
+                off += sizes[i]
+            losses.append(loss.detach())
+            outs.append(out.detach())
+        if _world(self.group) > 1:
+            rows = gather_workers(rows, self.group)
+        flat = reduce_flat(self.reduce, rows[:, :total], [p.shape for p in params],
+                           torch.empty(total, dtype=torch.float32, device=x.device))
+        used = rows[:, total:].amax(0) > 0
+        off = 0
+        for i, p in enumerate(params):
+            p.grad = flat[off:off + sizes[i]].view_as(p).to(p.dtype) if used[i] else None
+            off += sizes[i]
+        amp.step(optimizer)
+        return torch.stack(losses).mean(), torch.cat(outs)

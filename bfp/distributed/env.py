@@ -1,0 +1,109 @@
+"""Which process this is, from the launcher's environment, and the process group.
+
+Read in this order (the first complete set wins):
+
+* ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT``:
+  what ``torchrun`` sets, and what a user (or ``imagenet.py``'s
+  ``--world-size/--rank/--dist-url`` translation) may set by hand;
+* Slurm's ``srun``: ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``,
+  with ``MASTER_ADDR`` (and ``MASTER_PORT``, default 29500) exported by the
+  job script, as CPD read them.
+
+A world size of 1 (or no such variables: a plain ``python cifar.py``) is a
+single process and no process group is made. The backend is ``nccl`` on
+CUDA and ``gloo`` on the CPU, unless ``BFP_DIST_BACKEND`` names another.
+Each process uses ``cuda:LOCAL_RANK`` on GPUs (missing ``LOCAL_RANK``:
+``RANK`` modulo the GPU count).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_PORT = "29500"
+
+
+class DistEnvError(ValueError):
+    """The launcher's environment is incomplete or inconsistent; the message says what to set."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: Optional[str] = None
+    master_port: str = DEFAULT_PORT
+    source: str = "single process"
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise DistEnvError(f"{name}={env[name]!r} is not an integer") from None
+
+
+def read_env(env: Optional[Mapping[str, str]] = None) -> DistEnv:
+    """The ``DistEnv`` the variables describe (see the module docstring)."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" in env or "RANK" in env:
+        if not ("WORLD_SIZE" in env and "RANK" in env):
+            raise DistEnvError("set both RANK and WORLD_SIZE (torchrun sets them), or neither")
+        rank, world, source = _int(env, "RANK"), _int(env, "WORLD_SIZE"), "RANK/WORLD_SIZE"
+        local = _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else None
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        rank, world, source = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS"), "Slurm (srun)"
+        local = _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else None
+    else:
+        return DistEnv()
+    if world < 1 or not 0 <= rank < world:
+        raise DistEnvError(f"{source}: rank {rank} and world size {world} need 0 <= rank < world size")
+    if world == 1:
+        return DistEnv(source=source)
+    addr = env.get("MASTER_ADDR")
+    if not addr:
+        raise DistEnvError(f"{source} describe {world} processes but MASTER_ADDR is not set: export "
+                           f"MASTER_ADDR (the host of rank 0) and MASTER_PORT (default {DEFAULT_PORT})")
+    if local is None:
+        n_gpu = torch.cuda.device_count()
+        local = rank % n_gpu if n_gpu else 0
+    return DistEnv(rank, world, local, addr, env.get("MASTER_PORT", DEFAULT_PORT), source)
+
+
+def backend_for(device: torch.device) -> str:
+    """``BFP_DIST_BACKEND`` if set, else nccl for CUDA and gloo for the CPU."""
+    return os.environ.get("BFP_DIST_BACKEND") or ("nccl" if device.type == "cuda" else "gloo")
+
+
+def device_for(e: DistEnv, device: torch.device) -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` when ``device`` is CUDA without an index."""
+    if e.distributed and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", e.local_rank)
+    return device
+
+
+def init(e: DistEnv, device: torch.device) -> None:
+    """Join the process group of ``e`` (once per process; later calls do nothing)."""
+    if not e.distributed or dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    os.environ.setdefault("MASTER_ADDR", e.master_addr)
+    os.environ.setdefault("MASTER_PORT", e.master_port)
+    dist.init_process_group(backend_for(device), rank=e.rank, world_size=e.world_size)
+    atexit.register(shutdown)
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,217 @@
+"""Rounded gradient reductions: what N workers with narrow adders compute.
+
+``RoundedReduce(fmt, order=, aps=, kahan=, average=, divide=)`` sums the
+gradients of N workers, ``stack[w]`` being worker ``w``'s gradient of one
+parameter, the way hardware whose adders hold ``fmt`` would:
+
+1. ``average`` with ``divide="before"`` (the default, as PyTorch's
+   ``fp16_compress_hook``: the sum of N averages cannot overflow where the
+   gradients did not): every gradient is divided by N in float32.
+2. ``aps``: every value is multiplied by ``2**s``, one shift per parameter,
+   ``s = top - ceil(log2(max|v| * N))`` with the max over all workers (CPD's
+   auto precision scaling; the max is what CPD all-reduces with MAX), so the
+   largest possible sum lands at the top of the format: ``top`` is
+   ``fmt.emax`` for a ``Float``, 0 for ``BlockFloat``/``MX`` (whose shared
+   scales make them shift-invariant up to their scale range). A parameter
+   whose gradients are all zero, or hold NaN/Inf, is not shifted. The shift
+   is exact in float32 (powers of two, applied in steps of at most 2**120),
+   except that values shifted into float32's subnormal range round
+   (nearest-even).
+3. every worker's value is rounded to ``fmt`` (``bfp.quantize`` in the
+   gradient's own shape, so ``BlockFloat`` tiles and ``MX`` blocks are those
+   of the parameter).
+4. the N rounded values are added in ``order``, every partial sum computed
+   in float32 and rounded to ``fmt`` (two values of a format with at most 23
+   mantissa bits add exactly in float32 unless their exponents differ by more
+   than ``23 - man``; then float32 rounds first, a double rounding, as CPD's
+   float32 emulation did). ``kahan``: compensated summation, every operation
+   (``y = t - c``, ``s + y``, ``(s' - s) - y``) rounded to ``fmt``, the
+   compensation living in the same narrow registers.
+5. the sum is shifted back by ``2**-s`` (float32; exact unless the result is
+   float32-subnormal) and, for ``divide="after"``, divided by N.
+
+Overflow, subnormals and NaN/Inf follow ``fmt`` at every rounding (a
+``Float`` saturates by default, an IEEE one with ``overflow="inf"`` gives
+Inf); a NaN or Inf gradient propagates into the sum as in a float32
+all-reduce. ``fmt=None`` sums in float32 (no rounding) in the same order.
+
+The two orders, for N = 3 workers with gradients ``a, b, c`` (``q`` = round
+to ``fmt``) and the parameter cut into 3 chunks along its first axis:
+
+* ``sequential`` (CPD: gather, then add in rank order), every element:
+  ``q(q(q(a) + q(b)) + q(c))``.
+* ``ring`` (the reduce-scatter of a ring all-reduce: chunk ``k`` starts at
+  worker ``k`` and travels once round the ring, each worker adding its own
+  chunk to what it received)::
+
+      chunk 0: q(q(q(a0) + q(b0)) + q(c0))      a -> b -> c
+      chunk 1: q(q(q(b1) + q(c1)) + q(a1))      b -> c -> a
+      chunk 2: q(q(q(c2) + q(a2)) + q(b2))      c -> a -> b
+
+  Worked example in e4m3 (3 mantissa bits; at 1.0 its step is 0.125):
+  ``a = 1.0`` everywhere, ``b = c = 0.0625``. Sequential: ``1 + 0.0625``
+  is a tie and rounds to even, 1.0, twice: every chunk sums to 1.0.
+  Ring: chunk 0 gives 1.0 as above; chunk 1 adds ``0.0625 + 0.0625 = 0.125``
+  first, then ``1.125``; chunk 2 starts ``0.0625 + 1`` and gives 1.0. Result
+  ``[1.0, 1.125, 1.0]`` against the float64 sum 1.125 everywhere: the order
+  decides whether small contributions survive. With ``kahan`` the sequential
+  order gives 1.125 everywhere (the lost 0.0625 is carried and added back).
+
+  Chunks are ``torch.tensor_split`` of the first axis into N parts, in
+  units of whole ``BlockFloat`` tiles / ``MX`` blocks along that axis, so
+  no tile straddles two chunks and rounding the whole tensor equals rounding
+  each chunk where its worker holds it. With N = 2 both orders are equal
+  (float addition commutes).
+
+Every worker ends with the same sum (an all-reduce); the functions here are
+the single-process reference that the DDP hook and the emulated workers both
+call on the gathered gradients.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..formats import MX, BlockFloat, Float, Format, Rounding
+from ..kernels import quantize
+
+ORDERS = ("ring", "sequential")
+DIVIDE = ("before", "after")
+
+
+def check_grad_format(fmt: Optional[Format], shapes=()) -> None:
+    """Refuse formats a gradient reduction cannot use, naming why.
+
+    Stochastic rounding is refused: every worker computes the reduction itself
+    and must draw identical random bits, which nothing synchronises. ``shapes``
+    (of the parameters) are tried once, so an ``MX`` axis a bias does not have
+    fails now rather than at the first step.
+    """
+    if fmt is None:
+        return
+    if not isinstance(fmt, Format):
+        raise ValueError(f"gradient format must be a bfp Float, BlockFloat or MX, got {fmt!r}")
+    if fmt.rounding is Rounding.STOCHASTIC:
+        raise ValueError(f"gradient format {fmt!r}: stochastic rounding cannot be a gradient format (the "
+                         f"workers' random draws are not synchronised); use rounding nearest or truncate")
+    for shape in sorted({tuple(s) for s in shapes}):
+        try:
+            quantize(torch.zeros(shape), fmt)
+        except (ValueError, IndexError) as e:
+            raise ValueError(f"gradient format {fmt!r} cannot round a gradient of shape {list(shape)}: {e}") from None
+
+
+def _tile_rows(fmt: Optional[Format], shape: tuple[int, ...]) -> int:
+    """Extent along axis 0 of one tile/block of ``fmt`` on a tensor of ``shape``."""
+    if isinstance(fmt, BlockFloat) and shape:
+        return fmt.group_for(len(shape))[0]
+    if isinstance(fmt, MX) and shape and fmt.axis % len(shape) == 0:
+        return fmt.block
+    return 1
+
+
+def ring_owner(shape: tuple[int, ...], n: int, fmt: Optional[Format] = None) -> torch.Tensor:
+    """Chunk index (= the worker a ring starts that chunk at) of every row of axis 0."""
+    rows = shape[0] if shape else 1
+    unit = _tile_rows(fmt, shape)
+    units = -(-rows // unit)
+    owner_of_unit = torch.cat([torch.full((len(part),), k, dtype=torch.long)
+                               for k, part in enumerate(torch.tensor_split(torch.arange(units), n))])
+    return owner_of_unit.repeat_interleave(unit)[:rows]
+
+
+def _shift_up(x: torch.Tensor, s: int) -> torch.Tensor:
+    """``x * 2**s`` in float32 steps of at most 2**120 (each exact until subnormal)."""
+    while s:
+        step = max(-120, min(120, s))
+        x = x * (2.0 ** step)
+        s -= step
+    return x
+
+
+def aps_shift(stack: torch.Tensor, fmt: Optional[Format]) -> int:
+    """The APS exponent shift of one parameter (0 for all-zero or non-finite gradients)."""
+    amax = stack.abs().max().double().item() if stack.numel() else 0.0
+    if amax == 0.0 or not math.isfinite(amax):
+        return 0
+    m, e = math.frexp(amax * stack.shape[0])  # exact: float32 max times a small integer
+    need = e - 1 if m == 0.5 else e          # ceil(log2(amax * N))
+    top = fmt.emax if isinstance(fmt, Float) else 0
+    return top - need
+
+
+@dataclass(frozen=True)
+class RoundedReduce:
+    """A rounded N-worker gradient reduction (see the module docstring)."""
+
+    fmt: Optional[Format] = None
+    order: str = "ring"
+    aps: bool = False
+    kahan: bool = False
+    average: bool = True
+    divide: str = "before"
+
+    def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"reduction order {self.order!r}: allowed {', '.join(ORDERS)}")
+        if self.divide not in DIVIDE:
+            raise ValueError(f"divide {self.divide!r}: allowed {', '.join(DIVIDE)}")
+        check_grad_format(self.fmt)
+
+    def _q(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.fmt is None else quantize(t, self.fmt)
+
+    def __call__(self, stack: torch.Tensor) -> torch.Tensor:
+        """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``."""
+        n = stack.shape[0]
+        if n < 1:
+            raise ValueError("a reduction needs at least one worker")
+        with torch.autocast(stack.device.type, enabled=False):
+            v = stack.float()
+            if self.average and self.divide == "before":
+                v = v / n
+            s = aps_shift(v, self.fmt) if self.aps else 0
+            terms = self._q(_shift_up(v, s))
+            total = self._sum(self._ordered(terms))
+            total = _shift_up(total, -s)
+            if self.average and self.divide == "after":
+                total = total / n
+        return total
+
+    def _ordered(self, terms: torch.Tensor) -> list[torch.Tensor]:
+        """The N addends in the order they are added: step k holds, per element,
+        the value of the k-th worker of that element's order."""
+        n = terms.shape[0]
+        if self.order == "sequential" or n <= 2:  # two addends: both orders add t0 + t1 (addition commutes)
+            return list(terms.unbind(0))
+        shape = tuple(terms.shape[1:])
+        t = terms.reshape(n, *(shape or (1,)))
+        owner = ring_owner(tuple(t.shape[1:]), n, self.fmt).to(t.device)
+        rows = torch.arange(t.shape[1], device=t.device)
+        out = []
+        for k in range(n):
+            pick = t[(owner + k) % n, rows]  # row r of worker (owner(r) + k) mod N
+            out.append(pick.reshape(shape))
+        return out
+
+    def _sum(self, terms: list[torch.Tensor]) -> torch.Tensor:
+        s, comp = terms[0], None
+        for t in terms[1:]:
+            if self.kahan:
+                comp = torch.zeros_like(s) if comp is None else comp
+                y = self._q(t - comp)
+                total = self._q(s + y)
+                comp = self._q(self._q(total - s) - y)
+                s = total
+            else:
+                s = self._q(s + t)
+        return s
+
+    def describe(self) -> str:
+        fmt = "float32" if self.fmt is None else repr(self.fmt)
+        extras = [x for x, on in (("APS", self.aps), ("Kahan", self.kahan)) if on]
+        mean = f"mean (divide {self.divide})" if self.average else "sum"
+        return f"gradient reduction: {fmt}, {self.order} order, {mean}" + "".join(f", {x}" for x in extras)

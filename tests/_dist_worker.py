@@ -1,0 +1,158 @@
+"""One rank of a multi-process test (launched by tests/test_distributed*.py with RANK/WORLD_SIZE set).
+
+    python tests/_dist_worker.py hook OUT_DIR      DDP hook and emulated workers; saves OUT_DIR/rank<r>.pt
+    python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn;
+                                                   an item {"copy_run": [SRC, DST]} makes rank 0 copy a run
+                                                   directory without its last.pt (to resume an earlier epoch)
+"""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bfp.distributed import env as dist_env  # noqa: E402
+from bfp.distributed.ddp import DDPStep  # noqa: E402
+from bfp.distributed.emulated import EmulatedStep  # noqa: E402
+from bfp.distributed.reduce import RoundedReduce  # noqa: E402
+from bfp.distributed.hook import RoundedHookState, rounded_allreduce_hook  # noqa: E402
+from bfp.formats import MX, Float, format_from_name  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+# name -> RoundedReduce keyword arguments (the test builds the same reductions)
+CONFIGS = {
+    "e4m3_ring": dict(fmt="e4m3", order="ring"),
+    "e4m3_sequential": dict(fmt="e4m3", order="sequential"),
+    "e5m2_aps_kahan_after": dict(fmt="e5m2", order="ring", aps=True, kahan=True, divide="after"),
+    "bf16_sum": dict(fmt="bfloat16", order="sequential", average=False),
+    "mx_e4m3": dict(fmt=MX(format_from_name("e4m3"), block=4), order="ring"),
+    "fp32": dict(fmt=Float(8, 23), order="ring"),
+}
+
+
+def reduction(cfg: dict) -> RoundedReduce:
+    cfg = dict(cfg)
+    fmt = cfg.pop("fmt")
+    return RoundedReduce(format_from_name(fmt) if isinstance(fmt, str) else fmt, **cfg)
+
+
+def tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(64, 3))
+
+
+def batch(rank: int, n: int = 4):
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(n, 2, 6, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def local_grads(model, x, y, scale=1.0):
+    model.zero_grad(set_to_none=True)
+    (nn.functional.cross_entropy(model(x), y) * scale).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+class NoAmp:
+    def autocast(self):
+        return torch.autocast("cpu", enabled=False)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self, optimizer):
+        optimizer.step()
+
+
+class Recording:
+    """A reduction that keeps what it was given (the gathered workers' gradients)."""
+
+    def __init__(self, reduce):
+        self.reduce, self.seen = reduce, []
+
+    def __call__(self, stack):
+        self.seen.append(stack.clone())
+        return self.reduce(stack)
+
+
+def hook_case(rank: int, out: Path) -> None:
+    x, y = batch(rank)
+    result = {"local": {}, "hook": {}, "plain": None}
+    for name, cfg in CONFIGS.items():
+        model = tiny_model()
+        index = {id(p): i for i, p in enumerate(model.parameters())}
+        ddp = DistributedDataParallel(model)
+        state = RoundedHookState(reduction(cfg))
+        local = result["local"][name] = [None] * len(index)
+
+        def recording_hook(state, bucket):  # the hook's input: this rank's bucket before the reduction
+            for p, g in zip(bucket.parameters(), bucket.gradients()):
+                local[index[id(p)]] = g.clone()
+            return rounded_allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(state, recording_hook)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        result["hook"][name] = [p.grad.clone() for p in model.parameters()]
+    plain = [g.clone() for g in result["local"]["fp32"]]  # torch.distributed's float32 all-reduce
+    for g in plain:
+        dist.all_reduce(g)
+        g.div_(dist.get_world_size())
+    result["plain"] = plain
+
+    # APS: a weight whose gradient is 1e-8 * [1, 2): below e4m3's and e5m2's smallest subnormal
+    tiny = {}
+    for fmt in ("e4m3", "e5m2"):
+        for aps in (False, True):
+            lin = nn.Linear(4, 2, bias=False)
+            ddp = DDPStep(RoundedReduce(format_from_name(fmt), aps=aps)).prepare(lin)
+            v = torch.tensor([[1.0, 1.25, 1.5, 1.75 + 0.125 * rank]])
+            (ddp(v).sum() * 1e-8).backward()
+            tiny[f"{fmt}_aps{aps}"] = lin.weight.grad.clone()
+    result["tiny"] = tiny
+
+    # 2 processes x 2 emulated workers = 4 workers, both orders
+    xs, ys = batch(rank, 8)
+    result["workers"] = [local_grads(tiny_model(), xw, yw) for xw, yw in zip(xs.chunk(2), ys.chunk(2))]
+    result["emulated"], result["gathered"] = {}, {}
+    for order in ("ring", "sequential"):
+        model = tiny_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        rec = Recording(RoundedReduce(format_from_name("e4m3"), order=order))
+        step = EmulatedStep(2, rec)
+        step(step.prepare(model), xs, ys, criterion=nn.CrossEntropyLoss(), optimizer=opt, amp=NoAmp())
+        result["emulated"][order] = [p.grad.clone() for p in model.parameters()]
+        result["gathered"][order] = rec.seen  # per parameter: [4 workers, *shape]
+    torch.save(result, out / f"rank{rank}.pt")
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    e = dist_env.read_env()
+    if mode == "hook":
+        torch.set_num_threads(1)
+        dist_env.init(e, torch.device("cpu"))
+        hook_case(e.rank, Path(sys.argv[2]))
+        dist.barrier()
+        return 0
+    from bfp.cli import run_task
+    for argv in json.loads(sys.argv[2]):
+        if isinstance(argv, dict):
+            src, dst = argv["copy_run"]
+            if e.rank == 0:
+                shutil.copytree(src, dst)
+                (Path(dst) / "checkpoints" / "last.pt").unlink()
+            dist.barrier()
+            continue
+        status = run_task("cifar", argv)
+        if status:
+            return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""cifar.py distributed: 2 gloo processes end where one process emulating 2 workers ends; flags and errors."""
+import json
+
+import pytest
+import torch
+
+from bfp.cli import cifar as main
+from bfp.cli.flags import build_parser
+from bfp.cli.tasks import CIFAR
+from test_distributed import launch
+
+
+def final_state(run_dir):
+    return torch.load(run_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+
+
+def assert_same_training(a, b, what):
+    assert a["global_step"] == b["global_step"] == 4
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:  # weights and BatchNorm running statistics
+        assert torch.equal(a["model"][k], b["model"][k]), (what, k)
+    for k, s in a["optimizer"]["state"].items():
+        assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), (what, k)
+    assert [h["test_acc1"] for h in a["history"]] == [h["test_acc1"] for h in b["history"]]
+
+
+def test_two_gloo_processes_equal_one_process_emulating_two_workers(tiny_args, tmp_path):
+    common = ["--training-epochs", "2", "--save", "True", "--save-interval", "1", "--grad-exp", "4",
+              "--grad-man", "3", "--optim-lr", "0.05"]
+    variants = {"plain": [], "aps": ["--use-aps"]}
+    runs = [tiny_args(*common, *extra, "--run-name", f"ddp_{v}") for v, extra in variants.items()]
+    # --resume under 2 processes: a copy of the plain run continues from its epoch-1 checkpoint
+    copy = tmp_path / "runs" / "ddp_resumed"
+    runs += [{"copy_run": [str(tmp_path / "runs" / "ddp_plain"), str(copy)]},
+             ["--resume", str(copy / "checkpoints" / "epoch_001.pt"), "--progress", "False"]]
+    launch(["cifar", json.dumps(runs)], timeout=240)
+    for v, extra in variants.items():
+        assert main(tiny_args(*common, *extra, "--emulate-node", "2", "--run-name", f"emu_{v}")) == 0
+        ddp, emu = (final_state(tmp_path / "runs" / f"{k}_{v}") for k in ("ddp", "emu"))
+        assert_same_training(ddp, emu, v)
+    assert_same_training(final_state(copy), final_state(tmp_path / "runs" / "ddp_plain"), "resumed")
+    # APS changed the training (the test can tell the two variants apart)
+    a, b = final_state(tmp_path / "runs" / "emu_plain"), final_state(tmp_path / "runs" / "emu_aps")
+    assert any(not torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_original_spellings_are_accepted():
+    args = build_parser(CIFAR).parse_args(["--grad_exp", "4", "--grad_man", "3", "--use_APS", "--use_kahan",
+                                           "--use_lars", "--emulate_node", "8"])
+    assert (args.grad_exp, args.grad_man, args.use_aps, args.use_kahan, args.use_lars, args.emulate_node) == \
+        (4, 3, True, True, True, 8)
+
+
+def _no_launcher(monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(v, raising=False)
+
+
+@pytest.mark.parametrize("flags, env, message", [
+    (["--emulate-node", "0"], {}, "--emulate-node must be >= 1 (workers emulated per process), got 0"),
+    (["--batch-size-train", "30", "--emulate-node", "4"], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"},
+     "--batch-size-train 30 (the global batch) is not divisible by 8 workers (2 process(es) x --emulate-node 4)"),
+    ([], {"RANK": "0", "WORLD_SIZE": "2"},
+     "RANK/WORLD_SIZE describe 2 processes but MASTER_ADDR is not set"),
+    ([], {"SLURM_PROCID": "1", "SLURM_NTASKS": "8"}, "Slurm (srun) describe 8 processes but MASTER_ADDR is not set"),
+    (["--grad-exp", "9", "--grad-man", "3"], {}, "--grad-exp 9 --grad-man 3: Float exp (exponent bits) must be"),
+    (["--grad-exp", "1", "--grad-man", "2"], {}, "--grad-exp 1 --grad-man 2: Float(exp=1) with encoding='ieee'"),
+    (["--grad-exp", "4"], {}, "--grad-exp and --grad-man go together"),
+    (["--grad-format", "e4m3", "--grad-man", "3"], {}, "give either --grad-format or --grad-exp/--grad-man"),
+    (["--grad-format", "e9m9"], {}, "--grad-format e9m9: unknown format name"),
+])
+def test_bad_distributed_input_is_a_usage_error(tiny_args, monkeypatch, capsys, flags, env, message):
+    _no_launcher(monkeypatch)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(tiny_args("--training-epochs", "1", *flags)) == 2
+    assert message in capsys.readouterr().err
