@@ -53,8 +53,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .augment import KeyedAugment, KeyedSampler
+from .augment import KeyedAugment
 from .fingerprint import fingerprint
+from .loaders import ShardedBatchSampler, loaders
 from . import images
 
 DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
@@ -263,32 +264,6 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
                       len(classes), 3, classes, g, fp)
 
 
-def loaders(train_ds, test_ds, batch_size_train: int, batch_size_test: int, g: torch.Generator, seed: int,
-            shard: tuple[int, int, int], *, skipping: bool, **common):
-    """Train and test ``DataLoader``s; ``train_ds`` takes ``(index, epoch key)`` items
-    (``bfp.engine.augment``). ``shard`` = (rank, world, workers): with more than one
-    worker every batch is the global one, cut into this rank's slice
-    (``ShardedBatchSampler``). ``skipping``: unreadable image files are dropped from
-    their batches and reported (``bfp.engine.images``)."""
-    rank, world, workers = shard
-    if skipping:
-        common["collate_fn"] = images.collate
-    if workers > 1:
-        train = torch.utils.data.DataLoader(train_ds, batch_sampler=ShardedBatchSampler(
-            len(train_ds), batch_size_train, rank, world, shuffle=True, seed=seed), **common)
-        test = torch.utils.data.DataLoader(test_ds, batch_sampler=ShardedBatchSampler(
-            len(test_ds), batch_size_test, rank, world, shuffle=False, seed=seed), **common)
-    else:
-        # A last batch of one image would break BatchNorm in training mode: drop it.
-        train = torch.utils.data.DataLoader(train_ds, batch_size=batch_size_train,
-                                            sampler=KeyedSampler(len(train_ds), g), generator=g,
-                                            drop_last=len(train_ds) % batch_size_train == 1, **common)
-        test = torch.utils.data.DataLoader(test_ds, batch_size=batch_size_test, shuffle=False, **common)
-    if skipping:
-        train, test = images.SkippingLoader(train, min_batch=2), images.SkippingLoader(test)
-    return train, test
-
-
 def check_global_batch(batch_size_train: int, world: int) -> None:
     if world > 1 and batch_size_train % world:
         raise DataError(f"--batch-size-train {batch_size_train} (the global batch) cannot be split evenly "
@@ -322,39 +297,6 @@ def _tensor_bundle(name, train, test, classes, mean, std, aug, bs_train, bs_test
                                          drop_last=drop, shard=shard),
                       TensorLoader(test, bs_test, mean, std, shard=shard), len(classes), train.images.shape[1],
                       classes, g)
-
-
-class ShardedBatchSampler(torch.utils.data.Sampler):
-    """Rank ``rank``'s contiguous ``1/world`` slice of every global batch of ``batch_size``.
-
-    ``shuffle``: a permutation and an augmentation key (training items are
-    ``(index, key)``, ``bfp.engine.augment``) drawn from ``seed + epoch``
-    (``set_epoch``), the same on every rank; training drops an incomplete last global batch, evaluation keeps it
-    (split as evenly as it goes; a rank with nothing of it skips that batch).
-    """
-
-    def __init__(self, n: int, batch_size: int, rank: int, world: int, *, shuffle: bool, seed: int = 0):
-        self.n, self.batch_size, self.rank, self.world = n, batch_size, rank, world
-        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n // self.batch_size if self.shuffle else -(-self.n // self.batch_size)
-
-    def __iter__(self):
-        key = None
-        if self.shuffle:
-            g = torch.Generator().manual_seed((self.seed + self.epoch) % 2 ** 63)
-            order = torch.randperm(self.n, generator=g)
-            key = int(torch.randint(0, 2 ** 62, (), generator=g))
-        else:
-            order = torch.arange(self.n)
-        for i in range(len(self)):
-            part = torch.tensor_split(order[i * self.batch_size:(i + 1) * self.batch_size], self.world)[self.rank]
-            if len(part):
-                yield part.tolist() if key is None else [(j, key) for j in part.tolist()]
 
 
 def _mean_std(ds: TensorDataset):

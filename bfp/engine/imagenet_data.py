@@ -26,7 +26,8 @@ import torch
 from . import images
 from .augment import KeyedTransform
 from .data import (IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit,
-                   check_global_batch, find_image_folder, loaders)
+                   check_global_batch, find_image_folder)
+from .loaders import loaders
 from .fingerprint import fingerprint
 
 
@@ -65,7 +66,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
                   limit_train: int = 0, limit_test: int = 0, strict_images: bool = False,
                   shard: tuple[int, int, int] = (0, 1, 1)) -> DataBundle:
     """Train and validation loaders of the tree at ``path`` (see the module docstring);
-    ``shard`` = (rank, world, workers) as ``bfp.engine.data.loaders`` takes it."""
+    ``shard`` = (rank, world, workers) as ``bfp.engine.loaders.loaders`` takes it."""
     import torchvision.transforms as T
     check_global_batch(batch_size_train, shard[1])
     if image_size < 8:
