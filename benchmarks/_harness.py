@@ -71,6 +71,17 @@ def alternate(fns: Mapping[str, Callable[[], Any]], rounds: int, *, warmup: int 
     return Timings(wall, cpu)
 
 
+def sgd_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = 0.01) -> Callable[[], None]:
+    """One SGD (momentum 0.9) training step of ``model`` on ``(x, y)`` as a function to time."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
 def machine(**fields: Any) -> dict[str, Any]:
     """``fields`` plus what the figures depend on: machine, load, versions, threads.
 

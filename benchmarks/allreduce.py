@@ -25,14 +25,13 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import bfp
 import bfp.models
 from bfp.distributed import RoundedHookState, RoundedReduce, rounded_allreduce_hook
 
-from _harness import alternate, emit_json, machine, print_table
+from _harness import alternate, emit_json, machine, print_table, sgd_step
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -81,13 +80,7 @@ def run(args: argparse.Namespace) -> int:
         model = DistributedDataParallel(copy.deepcopy(base), device_ids=[dev] if cuda else None)
         if reduce is not None:
             model.register_comm_hook(RoundedHookState(reduce), rounded_allreduce_hook)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
+        return sgd_step(model, x, y)
 
     t = alternate({name: training_step(r) for name, r in hooks.items()}, args.steps, sync=sync)
     dist.barrier()

@@ -17,12 +17,11 @@ import argparse
 import copy
 
 import torch
-import torch.nn.functional as F
 
 import bfp
 import bfp.models
 
-from _harness import alternate, emit_json, machine, print_table
+from _harness import alternate, emit_json, machine, print_table, sgd_step
 
 
 def main(argv=None) -> int:
@@ -49,17 +48,8 @@ def main(argv=None) -> int:
     x = torch.randn(args.batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch,), device=dev)
 
-    def training_step(model: torch.nn.Module):
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
-
     # Two warm-up rounds: kernel compilation, the allocator.
-    t = alternate({name: training_step(m) for name, m in variants.items()}, args.steps, warmup=2, sync=sync)
+    t = alternate({name: sgd_step(m, x, y) for name, m in variants.items()}, args.steps, warmup=2, sync=sync)
     rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median("fp32")}
             for k in variants]
     print(f"{args.model} batch {args.batch} on {dev}, {torch.get_num_threads()} torch threads, "

@@ -22,10 +22,4 @@ class PlainStep:
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion, optimizer,
                  amp) -> tuple[torch.Tensor, torch.Tensor]:
         """Train on ``(x, y)``; returns the loss and the logits, both detached."""
-        with amp.autocast():
-            out = model(x)
-            loss = criterion(out.float(), y)
-        optimizer.zero_grad(set_to_none=True)
-        amp.backward(loss)
-        amp.step(optimizer)
-        return loss.detach(), out.detach()
+        return amp.train_step(model, x, y, criterion=criterion, optimizer=optimizer)
