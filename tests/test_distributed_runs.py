@@ -52,3 +52,26 @@ def test_do_decides_on_zse_summed_over_ranks_as_one_process_emulating_two_worker
     assert ddp["precision_state"] == emu["precision_state"]
     assert ddp["callbacks"]["dynamic_precision"]["bits"] == emu["callbacks"]["dynamic_precision"]["bits"]
     assert_same_model(ddp["model"], emu["model"], "do")
+
+
+def test_an_overflow_on_one_rank_skips_the_step_on_both(tiny_args, tmp_path):
+    # e5m2 gradient points saturate at 57344: at this initial scale the first step overflows in
+    # rank 1's micro-batch only (the recorded local flags check that), the second in neither
+    common = ["--training-epochs", "1", "--bfp", "any_fp8_hybrid", "--loss-scale", "dynamic",
+              "--loss-scale-init", "3500000", "--loss-scale-interval", "1", "--save", "True"]
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    launch(["cifar", json.dumps([{"record": str(rec)}, tiny_args(*common, "--run-name", "ddp")])], timeout=120)
+    r0, r1 = recorded(rec)
+    assert [s["local_overflow"] for s in r0["steps"]] == [False, False]
+    assert [s["local_overflow"] for s in r1["steps"]] == [True, False]
+    for s0, s1 in zip(r0["steps"], r1["steps"]):
+        assert s0["stepped"] == s1["stepped"] and s0["scale"] == s1["scale"]
+        assert all(torch.equal(a, b) for a, b in zip(s0["params"], s1["params"]))
+    assert [s["stepped"] for s in r0["steps"]] == [False, True]
+    assert [s["scale"] for s in r0["steps"]] == [1750000.0, 3500000.0]  # backed off, then grown
+    # one process emulating both workers shares one overflow flag between its micro-batches
+    assert main(tiny_args(*common, "--emulate-node", "2", "--run-name", "emu")) == 0
+    ddp, emu = last(tmp_path / "runs" / "ddp"), last(tmp_path / "runs" / "emu")
+    assert ddp["scaler"] == emu["scaler"] and ddp["scaler"]["skipped_steps"] == 1
+    assert_same_model(ddp["model"], emu["model"], "loss scale")
