@@ -6,12 +6,17 @@ The 2-process runs go through ``tests/_dist_worker.py``; its ``Recorder`` saves 
 """
 import json
 
+import pytest
 import torch
 
+import bfp.distributed.emulated as emulated
 from bfp.cli import cifar as main
 from bfp.cli import run_task
 from bfp.dynamic import read_log
 from bfp.engine import checkpoint as ckpt
+from bfp.formats import format_from_name
+from bfp.kernels import quantize
+from bfp.optim.lars import LARS
 from image_tree import make_tree
 from test_distributed import launch
 
@@ -75,3 +80,81 @@ def test_an_overflow_on_one_rank_skips_the_step_on_both(tiny_args, tmp_path):
     ddp, emu = last(tmp_path / "runs" / "ddp"), last(tmp_path / "runs" / "emu")
     assert ddp["scaler"] == emu["scaler"] and ddp["scaler"]["skipped_steps"] == 1
     assert_same_model(ddp["model"], emu["model"], "loss scale")
+
+
+def _kahan_sequential(terms, q):
+    s, c = terms[0], torch.zeros_like(terms[0])
+    for t in terms[1:]:
+        y = q(t - c)
+        total = q(s + y)
+        c = q(q(total - s) - y)
+        s = total
+    return s
+
+
+# flags -> (workers, reference of the reduced gradient from the workers' gradients x, the optimizer)
+REFERENCES = {
+    "fb16": (["--grad-format", "fb16"], 2, "fb16", lambda x, q: q(q(x[0] / 2) + q(x[1] / 2)), "sgd"),
+    "mxfp8": (["--grad-format", "mxfp8_e4m3"], 2, "mxfp8_e4m3", lambda x, q: q(q(x[0] / 2) + q(x[1] / 2)), "sgd"),
+    "divide_after": (["--grad-format", "e4m3", "--grad-divide", "after"], 2, "e4m3",
+                     lambda x, q: q(q(x[0]) + q(x[1])) / 2, "sgd"),
+    # Kahan changes nothing with 2 addends (the first compensation is exact): 4 workers, sequential
+    "kahan": (["--grad-format", "e4m3", "--use-kahan", "--emulate-node", "4", "--grad-order", "sequential"], 4,
+              "e4m3", lambda x, q: _kahan_sequential([q(v / 4) for v in x], q), "sgd"),
+    "lars": (["--use-lars", "--lars-trust", "0.02"], 2, None, lambda x, q: x[0] / 2 + x[1] / 2, "lars"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFERENCES))
+def test_reduction_and_optimizer_flags_through_emulated_workers(tiny_args, monkeypatch, name):
+    """One step of cifar.py: the parameters after it are the optimizer's step from the
+    parameters before it with the reduced gradient computed here from the workers' gradients."""
+    flags, n, fmt_name, reference, optimizer = REFERENCES[name]
+    seen = {}
+    reduce_flat, step_call = emulated.reduce_flat, emulated.EmulatedStep.__call__
+
+    def recording_reduce(reduce, rows, shapes, out):
+        seen.update(reduce=reduce, rows=rows.clone(), shapes=shapes)
+        return reduce_flat(reduce, rows, shapes, out)
+
+    def recording_step(step, model, x, y, *, criterion, optimizer, amp):
+        seen.update(before=[p.detach().clone() for p in model.parameters()], lr=optimizer.param_groups[0]["lr"],
+                    optimizer=type(optimizer).__name__)
+        out = step_call(step, model, x, y, criterion=criterion, optimizer=optimizer, amp=amp)
+        seen["after"] = [p.detach().clone() for p in model.parameters()]
+        return out
+
+    monkeypatch.setattr(emulated, "reduce_flat", recording_reduce)
+    monkeypatch.setattr(emulated.EmulatedStep, "__call__", recording_step)
+    emulate = [] if "--emulate-node" in flags else ["--emulate-node", "2"]
+    assert main(tiny_args("--training-epochs", "1", *emulate, *flags, train_images=32)) == 0  # one step
+    fmt = format_from_name(fmt_name) if fmt_name else None
+    assert seen["reduce"].fmt == fmt and seen["rows"].shape[0] == n
+    assert seen["optimizer"] == {"sgd": "SGD", "lars": "LARS"}[optimizer]
+
+    def q(t):
+        return t if fmt is None else quantize(t, fmt)
+
+    grads, off = [], 0
+    for shape in seen["shapes"]:
+        k = shape.numel()
+        grads.append(reference(seen["rows"][:, off:off + k].reshape(n, *shape).unbind(0), q))
+        off += k
+    params = [torch.nn.Parameter(w.clone()) for w in seen["before"]]
+    for p, g in zip(params, grads):
+        p.grad = g
+    opts = {"sgd": lambda ps: torch.optim.SGD(ps, lr=seen["lr"], momentum=0.9, weight_decay=5e-4),
+            "lars": lambda ps: LARS(ps, lr=seen["lr"], momentum=0.9, weight_decay=5e-4, trust_coefficient=0.02)}
+    opts[optimizer](params).step()
+    for i, (p, w) in enumerate(zip(params, seen["after"])):
+        assert torch.equal(p.detach(), w), (name, i)
+    if optimizer == "lars":  # other weights than SGD would give with the same gradient
+        sgd = [torch.nn.Parameter(w.clone()) for w in seen["before"]]
+        for p, g in zip(sgd, grads):
+            p.grad = g
+        opts["sgd"](sgd).step()
+        assert any(not torch.equal(a.detach(), b) for a, b in zip(sgd, seen["after"]))
+    if name == "kahan":  # the compensation changed the sum somewhere
+        plain = [q(q(q(q(x[0] / 4) + q(x[1] / 4)) + q(x[2] / 4)) + q(x[3] / 4))
+                 for x in (seen["rows"][:, :seen["shapes"][0].numel()].unbind(0),)]
+        assert not torch.equal(plain[0], grads[0].reshape(-1))
