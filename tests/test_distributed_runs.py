@@ -158,3 +158,25 @@ def test_reduction_and_optimizer_flags_through_emulated_workers(tiny_args, monke
         plain = [q(q(q(q(x[0] / 4) + q(x[1] / 4)) + q(x[2] / 4)) + q(x[3] / 4))
                  for x in (seen["rows"][:, :seen["shapes"][0].numel()].unbind(0),)]
         assert not torch.equal(plain[0], grads[0].reshape(-1))
+
+
+def test_imagenet_under_two_gloo_processes_equals_one_process_emulating_two_workers(tmp_path):
+    make_tree(tmp_path / "tree", bad=False)  # 12 train images, 2 classes
+
+    def args(name, *extra):
+        return [str(tmp_path / "tree"), "-a", "resnet18", "--image-size", "16", "-b", "4", "--batch-size-test", "4",
+                "-j", "0", "--epochs", "1", "--limit-train-images", "8", "--limit-test-images", "4", "--device", "cpu", "--threads", "1",
+                "--progress", "False", "--save", "True", "--run-dir", str(tmp_path / "runs"), "--run-name", name,
+                "--grad-format", "e4m3", *extra]
+
+    launch(["cifar", json.dumps([{"task": "imagenet", "argv": args("ddp")}])], timeout=120)
+    assert run_task("imagenet", args("emu", "--emulate-node", "2")) == 0
+    ddp, emu = last(tmp_path / "runs" / "ddp"), last(tmp_path / "runs" / "emu")
+    assert "rank 0 of 2 (RANK/WORLD_SIZE), 2 worker(s)" in (tmp_path / "runs" / "ddp" / "log.txt").read_text()
+    assert "one process, 2 worker(s)" in (tmp_path / "runs" / "emu" / "log.txt").read_text()
+    assert ddp["global_step"] == emu["global_step"] == 2
+    # weights, and BatchNorm running statistics: rank 0's / worker 0's micro-batch (docs/distributed.md)
+    assert_same_model(ddp["model"], emu["model"], "imagenet")
+    for k, s in ddp["optimizer"]["state"].items():
+        assert torch.equal(s["momentum_buffer"], emu["optimizer"]["state"][k]["momentum_buffer"]), k
+    assert [h["test_acc1"] for h in ddp["history"]] == [h["test_acc1"] for h in emu["history"]]
