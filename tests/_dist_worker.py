@@ -37,6 +37,7 @@ CONFIGS = {
     "e5m2_aps_kahan_after": dict(fmt="e5m2", order="ring", aps=True, kahan=True, divide="after"),
     "bf16_sum": dict(fmt="bfloat16", order="sequential", average=False),
     "mx_e4m3": dict(fmt=MX(format_from_name("e4m3"), block=4), order="ring"),
+    "fb16": dict(fmt="fb16", order="ring"),
     "fp32": dict(fmt=Float(8, 23), order="ring"),
 }
 
