@@ -3,7 +3,10 @@
     python tests/_dist_worker.py hook OUT_DIR      DDP hook and emulated workers; saves OUT_DIR/rank<r>.pt
     python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn;
                                                    an item {"copy_run": [SRC, DST]} makes rank 0 copy a run
-                                                   directory without its last.pt (to resume an earlier epoch)
+                                                   directory without its last.pt (to resume an earlier epoch);
+                                                   {"task": NAME, "argv": [...]} runs another script (imagenet);
+                                                   {"record": DIR} makes every rank save DIR/rank<r>.pt after
+                                                   the next run (``Recorder``: what rank 0's logs cannot show)
 """
 import json
 import shutil
@@ -17,11 +20,13 @@ import torch.nn as nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bfp import amp as amp_mod  # noqa: E402
 from bfp.distributed import env as dist_env  # noqa: E402
 from bfp.distributed.ddp import DDPStep  # noqa: E402
 from bfp.distributed.emulated import EmulatedStep  # noqa: E402
 from bfp.distributed.reduce import RoundedReduce  # noqa: E402
 from bfp.distributed.hook import RoundedHookState, rounded_allreduce_hook  # noqa: E402
+from bfp.dynamic import DynamicPrecision  # noqa: E402
 from bfp.formats import MX, Float, format_from_name  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
@@ -32,6 +37,7 @@ CONFIGS = {
     "e5m2_aps_kahan_after": dict(fmt="e5m2", order="ring", aps=True, kahan=True, divide="after"),
     "bf16_sum": dict(fmt="bfloat16", order="sequential", average=False),
     "mx_e4m3": dict(fmt=MX(format_from_name("e4m3"), block=4), order="ring"),
+    "fb16": dict(fmt="fb16", order="ring"),
     "fp32": dict(fmt=Float(8, 23), order="ring"),
 }
 
@@ -130,6 +136,44 @@ def hook_case(rank: int, out: Path) -> None:
     torch.save(result, out / f"rank{rank}.pt")
 
 
+class Recorder:
+    """Per rank, every loss-scaler step (this rank's own overflow flag before the OR over ranks,
+    whether it stepped, the scale and the parameters after it) and every dynamic precision
+    decision's rows, from ``start(DIR)`` to ``save()`` (``DIR/rank<r>.pt``)."""
+
+    def __init__(self, rank: int):
+        self.rank, self.path = rank, None
+        self.steps, self.decisions = [], []
+        local = {}
+        any_rank, scaler_step, decide = amp_mod._any_rank, amp_mod.LossScaler.step, DynamicPrecision.decide
+
+        def recording_any_rank(found, grads):
+            local["flag"] = None if found is None else bool(found.item())
+            return any_rank(found, grads)
+
+        def recording_step(scaler, optimizer, simulated_overflow=None):
+            stepped = scaler_step(scaler, optimizer, simulated_overflow)
+            self.steps.append({"local_overflow": local.pop("flag", None), "stepped": stepped, "scale": scaler.scale,
+                               "params": [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]})
+            return stepped
+
+        def recording_decide(dp, *args, **kwargs):
+            rows = decide(dp, *args, **kwargs)
+            self.decisions.append(rows)
+            return rows
+
+        amp_mod._any_rank, amp_mod.LossScaler.step = recording_any_rank, recording_step
+        DynamicPrecision.decide = recording_decide
+
+    def start(self, out: str) -> None:
+        self.path, self.steps, self.decisions = Path(out) / f"rank{self.rank}.pt", [], []
+
+    def save(self) -> None:
+        if self.path is not None:
+            torch.save({"steps": self.steps, "decisions": self.decisions}, self.path)
+        self.path = None
+
+
 def main() -> int:
     mode = sys.argv[1]
     e = dist_env.read_env()
@@ -140,15 +184,24 @@ def main() -> int:
         dist.barrier()
         return 0
     from bfp.cli import run_task
+    recorder = Recorder(e.rank)
     for argv in json.loads(sys.argv[2]):
-        if isinstance(argv, dict):
+        if isinstance(argv, dict) and "record" in argv:
+            recorder.start(argv["record"])
+            continue
+        if isinstance(argv, dict) and "task" in argv:
+            task, argv = argv["task"], argv["argv"]
+        elif isinstance(argv, dict):
             src, dst = argv["copy_run"]
             if e.rank == 0:
                 shutil.copytree(src, dst)
                 (Path(dst) / "checkpoints" / "last.pt").unlink()
             dist.barrier()
             continue
-        status = run_task("cifar", argv)
+        else:
+            task = "cifar"
+        status = run_task(task, argv)
+        recorder.save()
         if status:
             return status
     return 0

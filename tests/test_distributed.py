@@ -14,6 +14,7 @@ from bfp.distributed import env as dist_env
 from bfp.distributed.reduce import RoundedReduce, aps_shift, check_grad_format, ring_owner
 from bfp.engine import data as data_mod
 from bfp.formats import MX, Float, format_from_name
+from bfp.kernels import quantize as bfp_quantize
 from bfp.optim.lars import LARS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +85,16 @@ def test_ring_chunks_follow_whole_blocks_of_the_first_axis():
     assert ring_owner((4, 24, 3, 3), 4, fb).tolist() == [0, 1, 2, 3]
     mx = MX(E4M3, block=4, axis=0)  # 1-D of 10: blocks of 4 rows -> 3 units over 2 chunks
     assert ring_owner((10,), 2, mx).tolist() == [0] * 8 + [1] * 2
+
+
+def test_block_formats_round_each_worker_in_the_parameters_own_tiles():
+    # regression: rounding the [workers, *shape] stack at once gave BlockFloat tiles (and MX blocks
+    # along axis 0) that spanned the worker axis, sharing one scale between workers
+    st = torch.randn(2, 8, 4, 3, 3, generator=torch.Generator().manual_seed(0))
+    st[1] *= 1000.0  # worker 1's scale would flush worker 0's values in a shared tile
+    for fmt in (format_from_name("fb16"), MX(E4M3, block=4, axis=0)):
+        q = lambda t: bfp_quantize(t, fmt)  # noqa: E731
+        assert torch.equal(RoundedReduce(fmt, average=False)(st), q(q(st[0]) + q(st[1]))), fmt
 
 
 def test_aps_shift_sends_the_largest_sum_to_the_top_exponent():

@@ -164,6 +164,15 @@ class RoundedReduce:
     def _q(self, t: torch.Tensor) -> torch.Tensor:
         return t if self.fmt is None else quantize(t, self.fmt)
 
+    def _q_workers(self, stack: torch.Tensor) -> torch.Tensor:
+        """Round every worker's gradient (row of ``stack``) in the parameter's own shape.
+        Why not the stack at once: a ``BlockFloat``'s tiles (and an ``MX`` block along
+        axis 0) would follow the stack's extra worker axis and share scales across
+        workers; a ``Float`` rounds element by element, so one call is the same."""
+        if self.fmt is None or isinstance(self.fmt, Float):
+            return self._q(stack)
+        return torch.stack([self._q(row) for row in stack.unbind(0)])
+
     def __call__(self, stack: torch.Tensor) -> torch.Tensor:
         """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``."""
         n = stack.shape[0]
@@ -174,7 +183,7 @@ class RoundedReduce:
             if self.average and self.divide == "before":
                 v = v / n
             s = aps_shift(v, self.fmt) if self.aps else 0
-            terms = self._q(_shift_up(v, s))
+            terms = self._q_workers(_shift_up(v, s))
             total = self._sum(self._ordered(terms))
             total = _shift_up(total, -s)
             if self.average and self.divide == "after":
