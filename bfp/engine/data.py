@@ -43,7 +43,6 @@ ranks' counts.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from .augment import KeyedAugment
+from .downloads import removed_on_failure
 from .fingerprint import fingerprint
 from .loaders import ShardedBatchSampler, loaders
 from . import images
@@ -330,42 +330,14 @@ def _cifar(name: str, path: Optional[str], download: bool):
         pass  # not there (or damaged): torchvision says "Dataset not found or corrupted"
     if not download:
         raise DataError(f"{name} not found under {str(root)!r} and downloading is off")
-    made, before = _first_missing(root), (set(root.iterdir()) if root.is_dir() else set())
     try:
-        return (cls(str(root), train=True, download=True), cls(str(root), train=False, download=True))
-    except BaseException as e:  # Ctrl-C mid-download too: remove the partial files, then stop
-        _remove_download_leftovers(root, made, before)
-        if not isinstance(e, Exception):
-            raise
+        with removed_on_failure(root):  # Ctrl-C mid-download too: the partial files go, the interrupt stays
+            return (cls(str(root), train=True, download=True), cls(str(root), train=False, download=True))
+    except Exception as e:
         raise DataError(f"{name} is not under {str(root)!r} (expected torchvision's "
                         f"{cls.base_folder}/ folder there) and downloading it failed "
                         f"({type(e).__name__}: {e}). Put the dataset there, or pass -dp PATH "
                         f"to where it is.") from None
-
-
-def _first_missing(root: Path) -> Optional[Path]:
-    """The outermost directory of ``root`` (itself or a parent) that does not exist yet."""
-    missing = None
-    for p in (root, *root.parents):
-        if p.exists():
-            break
-        missing = p
-    return missing
-
-
-def _remove_download_leftovers(root: Path, made: Optional[Path], before: set) -> None:
-    """Undo what a failed download wrote, so a later run does not find an empty
-    (or half-written) ``data/cifar100/``: the directories it created, or, where
-    ``root`` existed, only the entries that were not there before."""
-    if made is not None:
-        shutil.rmtree(made, ignore_errors=True)
-        return
-    if root.is_dir():
-        for p in set(root.iterdir()) - before:
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
 
 
 def _cifar_files_absent(name: str, root: Path) -> bool:
