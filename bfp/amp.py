@@ -26,13 +26,14 @@ a gradient point that overflows its simulated format (``bfp.overflow``: a
 saturating e5m2 point would otherwise hide it as a finite +-57344).
 
 Numerics of the scaling: the loss is multiplied by the scale in float32; the
-gradients are multiplied by ``1/scale`` in float32 (``torch._foreach_mul_``).
+gradients are multiplied by ``1/scale`` rounded to float32, in float32, in the
+same pass that checks them (``torch._amp_foreach_non_finite_check_and_unscale_``,
+GradScaler's kernel; the check sees the scaled values).
 With a power-of-two scale (the default and every dynamic scale grown or backed
 off by powers of two) both are exact unless a value overflows (then the step is
 skipped) or falls into float32's subnormal range; so in float32 without
 simulated formats, a scaled step is bit-identical to an unscaled one (tested).
-The non-finite check uses ``torch.isfinite`` per gradient; the decision needs
-one device-to-host sync per step (as GradScaler's does).
+The decision needs one device-to-host sync per step (as GradScaler's does).
 """
 from __future__ import annotations
 
@@ -111,18 +112,19 @@ class LossScaler:
             self.last_skipped = False
             return True
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        flags = [] if simulated_overflow is None else [simulated_overflow.reshape(())]
-        flags += [~torch.isfinite(g).all() for g in grads]
-        found = None
-        for f in flags:
-            found = f if found is None else found.logical_or(f.to(found.device))
+        by_device: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            by_device.setdefault((g.device, g.dtype), []).append(g)
+        found = None if simulated_overflow is None else simulated_overflow.reshape(())
+        for (device, _), group in by_device.items():
+            # one fused pass (GradScaler's kernel): flag a non-finite scaled gradient, multiply by 1/scale
+            inf = torch.zeros(1, dtype=torch.float32, device=device)
+            inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, inf, inv)
+            inf = inf.reshape(()) != 0
+            found = inf if found is None else inf.logical_or(found.to(device))
         overflow = bool(_any_rank(found, grads).item())  # the step's one host sync
-        if not overflow:
-            by_device: dict[Any, list[torch.Tensor]] = {}
-            for g in grads:
-                by_device.setdefault((g.device, g.dtype), []).append(g)
-            for group in by_device.values():
-                torch._foreach_mul_(group, 1.0 / self.scale)
+        if not overflow:  # a skipped step's (unscaled) gradients are never used: zero_grad comes first
             optimizer.step()
         self._update(overflow)
         return not overflow

@@ -33,6 +33,7 @@ def test_overflow_limits_per_format():
     ([1.0, -57345.0], E5M2, True),                     # beyond it: the point would saturate
     ([float("inf")], E5M2, True),
     ([float("nan"), 0.0], E5M2, True),
+    ([0.0, -2.0, float("nan")], E5M2, True),           # a NaN after finite values too
     ([3e38, -1.0], BlockFloat(8, (4,)), False),        # BFP has float32's range
     ([float("-inf")], BlockFloat(8, (4,)), True),
     ([], E5M2, False),                                 # nothing to check
