@@ -49,6 +49,14 @@ _TORCH_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 INIT_SCALE = 2.0 ** 16
 GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0, 0.5, 2000
 LOSS_SCALE_MODES = ("none", "dynamic")
+#: The dynamic rule's parameters: keyword -> (flag, test, what is allowed); LossScaler and the
+#: command-line flags (bfp.cli.amp_flags) check them with this one table.
+SCALER_PARAMS = {
+    "init_scale": ("--loss-scale-init", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    "growth_factor": ("--loss-scale-growth", lambda v: math.isfinite(v) and v > 1, "a finite number > 1"),
+    "backoff_factor": ("--loss-scale-backoff", lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "growth_interval": ("--loss-scale-interval", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+}
 
 
 def check_compute_dtype(name: str) -> str:
@@ -79,14 +87,11 @@ class LossScaler:
         mode = parse_loss_scale(mode)
         if mode is None:
             raise ValueError("LossScaler needs a mode: none, dynamic or a number")
-        checks = (("--loss-scale-init", init_scale, math.isfinite(init_scale) and init_scale > 0, "a finite number > 0"),
-                  ("--loss-scale-growth", growth_factor, math.isfinite(growth_factor) and growth_factor > 1,
-                   "a finite number > 1"),
-                  ("--loss-scale-backoff", backoff_factor, 0 < backoff_factor < 1, "a number in (0, 1)"),
-                  ("--loss-scale-interval", growth_interval,
-                   isinstance(growth_interval, int) and growth_interval >= 1, "an integer >= 1"))
-        for flag, v, ok, allowed in checks:
-            if not ok:
+        given = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
+                 "growth_interval": growth_interval}
+        for key, v in given.items():
+            flag, ok, allowed = SCALER_PARAMS[key]
+            if not ok(v):
                 raise ValueError(f"{flag} {v!r}: allowed {allowed}")
         self.mode = "static" if isinstance(mode, float) else mode
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
