@@ -206,18 +206,26 @@ class MixedPrecision:
         """Unscale, step unless gradients overflowed, update the scale; returns whether it stepped."""
         return self.scaler.step(optimizer, self._overflow.pop())
 
-    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion,
-                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward under autocast, the loss in float32, a scaled backward and the step;
-        returns the loss and the logits, detached. Step strategies whose gradients are
-        combined inside ``backward`` (plain, DDP) are this call on their module."""
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                         criterion) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward under autocast, the loss in float32 and a scaled backward (gradients are
+        added to ``.grad``); returns the loss and the logits, detached."""
         with self.autocast():
             out = model(x)
             loss = criterion(out.float(), y)
-        optimizer.zero_grad(set_to_none=True)
         self.backward(loss)
-        self.step(optimizer)
         return loss.detach(), out.detach()
+
+    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion,
+                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_backward`` on cleared gradients, then the step; returns the loss and the
+        logits, detached. Step strategies whose gradients are combined inside ``backward``
+        (plain, DDP) are this call on their module; ``--emulate-node`` calls
+        ``forward_backward`` once per worker."""
+        optimizer.zero_grad(set_to_none=True)
+        loss, out = self.forward_backward(model, x, y, criterion=criterion)
+        self.step(optimizer)
+        return loss, out
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict()

@@ -79,10 +79,7 @@ class EmulatedStep:
         losses, outs, kept = [], [], None
         for w, (xw, yw) in enumerate(zip(x.chunk(self.n), y.chunk(self.n))):
             optimizer.zero_grad(set_to_none=True)
-            with amp.autocast():
-                out = model(xw)
-                loss = criterion(out.float(), yw)
-            amp.backward(loss)
+            loss, out = amp.forward_backward(model, xw, yw, criterion=criterion)
             if w == 0:
                 kept = [b.detach().clone() for b in model.buffers()]
             else:
@@ -94,8 +91,8 @@ class EmulatedStep:
                     rows[w, off:off + sizes[i]] = p.grad.detach().reshape(-1).float()
                     rows[w, total + i] = 1.0
                 off += sizes[i]
-            losses.append(loss.detach())
-            outs.append(out.detach())
+            losses.append(loss)
+            outs.append(out)
         if _world(self.group) > 1:
             rows = gather_workers(rows, self.group)
         flat = reduce_flat(self.reduce, rows[:, :total], [p.shape for p in params],
