@@ -26,13 +26,14 @@ a gradient point that overflows its simulated format (``bfp.overflow``: a
 saturating e5m2 point would otherwise hide it as a finite +-57344).
 
 Numerics of the scaling: the loss is multiplied by the scale in float32; the
-gradients are multiplied by ``1/scale`` in float32 (``torch._foreach_mul_``).
+gradients are multiplied by ``1/scale`` rounded to float32, in float32, in the
+same pass that checks them (``torch._amp_foreach_non_finite_check_and_unscale_``,
+GradScaler's kernel; the check sees the scaled values).
 With a power-of-two scale (the default and every dynamic scale grown or backed
 off by powers of two) both are exact unless a value overflows (then the step is
 skipped) or falls into float32's subnormal range; so in float32 without
 simulated formats, a scaled step is bit-identical to an unscaled one (tested).
-The non-finite check uses ``torch.isfinite`` per gradient; the decision needs
-one device-to-host sync per step (as GradScaler's does).
+The decision needs one device-to-host sync per step (as GradScaler's does).
 """
 from __future__ import annotations
 
@@ -48,6 +49,14 @@ _TORCH_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 INIT_SCALE = 2.0 ** 16
 GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0, 0.5, 2000
 LOSS_SCALE_MODES = ("none", "dynamic")
+#: The dynamic rule's parameters: keyword -> (flag, test, what is allowed); LossScaler and the
+#: command-line flags (bfp.cli.amp_flags) check them with this one table.
+SCALER_PARAMS = {
+    "init_scale": ("--loss-scale-init", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    "growth_factor": ("--loss-scale-growth", lambda v: math.isfinite(v) and v > 1, "a finite number > 1"),
+    "backoff_factor": ("--loss-scale-backoff", lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "growth_interval": ("--loss-scale-interval", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+}
 
 
 def check_compute_dtype(name: str) -> str:
@@ -78,14 +87,11 @@ class LossScaler:
         mode = parse_loss_scale(mode)
         if mode is None:
             raise ValueError("LossScaler needs a mode: none, dynamic or a number")
-        checks = (("--loss-scale-init", init_scale, math.isfinite(init_scale) and init_scale > 0, "a finite number > 0"),
-                  ("--loss-scale-growth", growth_factor, math.isfinite(growth_factor) and growth_factor > 1,
-                   "a finite number > 1"),
-                  ("--loss-scale-backoff", backoff_factor, 0 < backoff_factor < 1, "a number in (0, 1)"),
-                  ("--loss-scale-interval", growth_interval,
-                   isinstance(growth_interval, int) and growth_interval >= 1, "an integer >= 1"))
-        for flag, v, ok, allowed in checks:
-            if not ok:
+        given = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
+                 "growth_interval": growth_interval}
+        for key, v in given.items():
+            flag, ok, allowed = SCALER_PARAMS[key]
+            if not ok(v):
                 raise ValueError(f"{flag} {v!r}: allowed {allowed}")
         self.mode = "static" if isinstance(mode, float) else mode
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
@@ -111,18 +117,19 @@ class LossScaler:
             self.last_skipped = False
             return True
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        flags = [] if simulated_overflow is None else [simulated_overflow.reshape(())]
-        flags += [~torch.isfinite(g).all() for g in grads]
-        found = None
-        for f in flags:
-            found = f if found is None else found.logical_or(f.to(found.device))
+        by_device: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            by_device.setdefault((g.device, g.dtype), []).append(g)
+        found = None if simulated_overflow is None else simulated_overflow.reshape(())
+        for (device, _), group in by_device.items():
+            # one fused pass (GradScaler's kernel): flag a non-finite scaled gradient, multiply by 1/scale
+            inf = torch.zeros(1, dtype=torch.float32, device=device)
+            inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, inf, inv)
+            inf = inf.reshape(()) != 0
+            found = inf if found is None else inf.logical_or(found.to(device))
         overflow = bool(_any_rank(found, grads).item())  # the step's one host sync
-        if not overflow:
-            by_device: dict[Any, list[torch.Tensor]] = {}
-            for g in grads:
-                by_device.setdefault((g.device, g.dtype), []).append(g)
-            for group in by_device.values():
-                torch._foreach_mul_(group, 1.0 / self.scale)
+        if not overflow:  # a skipped step's (unscaled) gradients are never used: zero_grad comes first
             optimizer.step()
         self._update(overflow)
         return not overflow
@@ -199,18 +206,26 @@ class MixedPrecision:
         """Unscale, step unless gradients overflowed, update the scale; returns whether it stepped."""
         return self.scaler.step(optimizer, self._overflow.pop())
 
-    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion,
-                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward under autocast, the loss in float32, a scaled backward and the step;
-        returns the loss and the logits, detached. Step strategies whose gradients are
-        combined inside ``backward`` (plain, DDP) are this call on their module."""
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                         criterion) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward under autocast, the loss in float32 and a scaled backward (gradients are
+        added to ``.grad``); returns the loss and the logits, detached."""
         with self.autocast():
             out = model(x)
             loss = criterion(out.float(), y)
-        optimizer.zero_grad(set_to_none=True)
         self.backward(loss)
-        self.step(optimizer)
         return loss.detach(), out.detach()
+
+    def train_step(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion,
+                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward_backward`` on cleared gradients, then the step; returns the loss and the
+        logits, detached. Step strategies whose gradients are combined inside ``backward``
+        (plain, DDP) are this call on their module; ``--emulate-node`` calls
+        ``forward_backward`` once per worker."""
+        optimizer.zero_grad(set_to_none=True)
+        loss, out = self.forward_backward(model, x, y, criterion=criterion)
+        self.step(optimizer)
+        return loss, out
 
     def state_dict(self) -> dict[str, Any]:
         return self.scaler.state_dict()

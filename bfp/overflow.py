@@ -18,7 +18,8 @@ one test catches the three cases:
   ``max`` and ``max + ulp/2``, which round to ``max``, count as overflow too:
   the test is on the input, not on the rounded result;
 * ``+-Inf`` (greater than every finite limit);
-* NaN (``torch.amax`` propagates NaN, and every comparison with NaN is False).
+* NaN (the max, ``torch.linalg.vector_norm(t, inf)``, propagates NaN, and every
+  comparison with NaN is False).
 
 The limits (``overflow_limit``): ``Float``: its ``max``; ``MX``: the element's
 ``max`` times the largest E8M0 scale ``2**127`` (MX only saturates beyond
@@ -26,7 +27,7 @@ that); ``BlockFloat``: float32's largest value, so only Inf/NaN count (a
 shared exponent has float32's range; the rounding clamp of the largest element
 of a tile is rounding, not range overflow).
 
-Cost: one ``abs().amax()`` reduction per gradient point and backward, kept
+Cost: one max-magnitude reduction (no ``|t|`` temporary) per gradient point and backward, kept
 on the tensor's device (no host sync) and folded into one boolean tensor that
 ``OverflowFlag.pop`` hands to the loss scaler, which reads it with the same
 single sync it already needs for the parameter gradients. Nothing is checked
@@ -39,6 +40,7 @@ ops on its own device threads, which must see the flag the step set.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, Optional
 
 import torch
@@ -75,7 +77,7 @@ class OverflowFlag:
     def check(self, point: str, t: torch.Tensor, fmt: Format) -> None:
         if t.numel() == 0:
             return
-        bad = ~(t.detach().abs().amax() <= overflow_limit(fmt))
+        bad = ~(torch.linalg.vector_norm(t.detach(), math.inf) <= overflow_limit(fmt))  # max |t|, no |t| copy
         self._found = bad if self._found is None else self._found.logical_or(bad.to(self._found.device))
         self.points.append(point)
 

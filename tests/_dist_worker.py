@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bfp import amp as amp_mod  # noqa: E402
+from bfp.amp import MixedPrecision  # noqa: E402
 from bfp.distributed import env as dist_env  # noqa: E402
 from bfp.distributed.ddp import DDPStep  # noqa: E402
 from bfp.distributed.emulated import EmulatedStep  # noqa: E402
@@ -62,17 +63,6 @@ def local_grads(model, x, y, scale=1.0):
     model.zero_grad(set_to_none=True)
     (nn.functional.cross_entropy(model(x), y) * scale).backward()
     return [p.grad.clone() for p in model.parameters()]
-
-
-class NoAmp:
-    def autocast(self):
-        return torch.autocast("cpu", enabled=False)
-
-    def backward(self, loss):
-        loss.backward()
-
-    def step(self, optimizer):
-        optimizer.step()
 
 
 class Recording:
@@ -130,7 +120,8 @@ def hook_case(rank: int, out: Path) -> None:
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         rec = Recording(RoundedReduce(format_from_name("e4m3"), order=order))
         step = EmulatedStep(2, rec)
-        step(step.prepare(model), xs, ys, criterion=nn.CrossEntropyLoss(), optimizer=opt, amp=NoAmp())
+        step(step.prepare(model), xs, ys, criterion=nn.CrossEntropyLoss(), optimizer=opt,
+             amp=MixedPrecision("fp32"))  # no autocast, no scaling
         result["emulated"][order] = [p.grad.clone() for p in model.parameters()]
         result["gathered"][order] = rec.seen  # per parameter: [4 workers, *shape]
     torch.save(result, out / f"rank{rank}.pt")

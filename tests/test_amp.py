@@ -1,5 +1,6 @@
 """Loss scaling (bfp.amp) and overflow of simulated gradient formats (bfp.overflow)."""
 import copy
+import re
 
 import pytest
 import torch
@@ -7,7 +8,9 @@ import torch.nn as nn
 
 import bfp
 import bfp.models
-from bfp.amp import LossScaler, MixedPrecision, parse_loss_scale
+from bfp.amp import SCALER_PARAMS, LossScaler, MixedPrecision, parse_loss_scale
+from bfp.cli.flags import build_parser
+from bfp.cli.tasks import TASKS
 from bfp.engine import data as D
 from bfp.engine.step import PlainStep
 from bfp.formats import MX, BlockFloat, format_from_name
@@ -33,6 +36,7 @@ def test_overflow_limits_per_format():
     ([1.0, -57345.0], E5M2, True),                     # beyond it: the point would saturate
     ([float("inf")], E5M2, True),
     ([float("nan"), 0.0], E5M2, True),
+    ([0.0, -2.0, float("nan")], E5M2, True),           # a NaN after finite values too
     ([3e38, -1.0], BlockFloat(8, (4,)), False),        # BFP has float32's range
     ([float("-inf")], BlockFloat(8, (4,)), True),
     ([], E5M2, False),                                 # nothing to check
@@ -202,3 +206,17 @@ def test_seed_002_e5m2_gradients_flush_to_zero_without_loss_scaling_and_survive_
     assert unscaled > 0.2
     assert scaled < 0.001
     assert scaler.skipped_steps == 0 and scaler.scale == 2.0 ** 16
+
+
+@pytest.mark.parametrize("flag, bad, allowed", [("--loss-scale-growth", "inf", "a finite number > 1"),
+                                                ("--loss-scale-backoff", "1", r"a number in \(0, 1\)"),
+                                                ("--loss-scale-interval", "0", "an integer >= 1"),
+                                                ("--loss-scale-init", "-2", "a finite number > 0")])
+def test_the_flags_refuse_what_the_scaler_refuses_with_the_same_words(flag, bad, allowed, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser(TASKS["cifar"]).parse_args([flag, bad])
+    assert e.value.code == 2
+    assert re.search(f"argument {flag}: '{bad}': allowed {allowed}", capsys.readouterr().err)
+    with pytest.raises(ValueError, match=f"{flag} .*: allowed {allowed}"):
+        LossScaler("dynamic", **{k: float(bad) if k != "growth_interval" else int(bad)
+                                 for k, (f, _, _) in SCALER_PARAMS.items() if f == flag})

@@ -121,6 +121,8 @@ def test_stochastic_rounding_and_impossible_shapes_are_refused():
         check_grad_format(MX(E4M3, axis=1), [(4, 3), (4,)])
     with pytest.raises(ValueError, match="reduction order 'tree'"):
         RoundedReduce(E4M3, order="tree")
+    with pytest.raises(ValueError, match=r"at least one worker .*got a stack of shape \[0, 3\]"):
+        RoundedReduce(E4M3)(torch.zeros(0, 3))
 
 
 # ---- LARS -----------------------------------------------------------------------------------

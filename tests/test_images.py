@@ -1,9 +1,10 @@
 """bfp.engine.images: every mode loads as RGB; unreadable files are named, skipped once, or refused."""
+import pytest
 import torch
 from PIL import Image
 
 from bfp.cli import cifar as cifar_main
-from bfp.engine import images
+from bfp.engine import data, images
 from image_tree import make_tree
 
 
@@ -76,9 +77,17 @@ def test_cifar_image_folder_skips_bad_files_and_strict_refuses_them(tmp_path, ti
 
 
 def test_gpu_data_decoding_skips_bad_files_with_a_warning(tmp_path, capsys):
-    from bfp.engine import data
     bad = make_tree(tmp_path)
     bundle = data.load("imagefolder", str(tmp_path), batch_size_train=4, num_workers=0, gpu_data=True)
     assert len(bundle.train.dataset) == 12 and len(bundle.test.dataset) == 12
     err = capsys.readouterr().err
     assert all(err.count(f"skipping unreadable image {p}:") == 1 for p in bad.values())
+
+
+def test_an_image_folder_with_other_test_classes_names_them(tmp_path):
+    # cifar.py's image folders and imagenet.py's trees share data.open_folders
+    make_tree(tmp_path, per_class=2, bad=False)
+    (tmp_path / "val" / "dog").rename(tmp_path / "val" / "cow")
+    with pytest.raises(data.DataError, match=r"train/ and val/ class folders differ: only in train: "
+                                             r"\['dog'\]; only in val: \['cow'\]"):
+        data.load("imagefolder", str(tmp_path))

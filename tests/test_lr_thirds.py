@@ -32,3 +32,19 @@ def test_thirds_schedule_state_round_trips():
     assert t.get_last_lr() == s.get_last_lr() and t.state_dict() == s.state_dict()
     with pytest.raises(ValueError, match="total_steps 7 must be a positive multiple of epochs 3"):
         ThirdsSchedule(opt, total_steps=7, epochs=3)
+
+
+def test_a_loaded_state_keeps_its_own_epochs_and_steps_per_epoch():
+    # saved: 2 epochs of 3 steps, at step 2; restored into a schedule built for 3 epochs of 2 steps
+    opt_s = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    s = ThirdsSchedule(opt_s, total_steps=6, epochs=2)
+    s.step(), s.step()
+    opt_t = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    t = ThirdsSchedule(opt_t, total_steps=6, epochs=3)
+    t.load_state_dict(s.state_dict())
+    got, want = [t.get_last_lr()[0]], [s.get_last_lr()[0]]
+    for _ in range(3):
+        s.step(), t.step()
+        got.append(t.get_last_lr()[0]), want.append(s.get_last_lr()[0])
+    assert got == want == [0.5, 0.5 * 0.1, 0.5 * 0.1, 0.5 * 0.1]
+    assert t.state_dict() == s.state_dict()

@@ -9,9 +9,9 @@ gradient histogram callbacks the flags ask for.
 from __future__ import annotations
 
 import argparse
-import math
 
-from ..amp import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, INIT_SCALE, MixedPrecision, parse_loss_scale
+from ..amp import (BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, INIT_SCALE, SCALER_PARAMS, MixedPrecision,
+                   parse_loss_scale)
 from ..engine.amp_log import LossScaleLog
 from ..engine.grad_histogram import GradHistogram
 
@@ -36,7 +36,10 @@ def _checked(convert, ok, allowed: str):
     return parse
 
 
-_finite = math.isfinite
+def _scaler_param(key: str, convert):
+    """An argparse type checking a ``LossScaler`` parameter as the scaler does (``SCALER_PARAMS``)."""
+    _, ok, allowed = SCALER_PARAMS[key]
+    return _checked(convert, ok, allowed)
 
 
 def add_amp_flags(p: argparse.ArgumentParser) -> None:
@@ -46,13 +49,13 @@ def add_amp_flags(p: argparse.ArgumentParser) -> None:
                         "on overflow, grow after --loss-scale-interval clean steps). Overflow includes a "
                         "simulated gradient format (bio/bwo/big/bwg of --bfp) that would saturate. "
                         "Default: dynamic with --precision fp16, none otherwise")
-    g.add_argument("--loss-scale-init", type=_checked(float, lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    g.add_argument("--loss-scale-init", type=_scaler_param("init_scale", float),
                    default=INIT_SCALE, help="dynamic: initial scale")
-    g.add_argument("--loss-scale-growth", type=_checked(float, lambda v: _finite(v) and v > 1, "a number > 1"),
+    g.add_argument("--loss-scale-growth", type=_scaler_param("growth_factor", float),
                    default=GROWTH_FACTOR, help="dynamic: growth factor")
-    g.add_argument("--loss-scale-backoff", type=_checked(float, lambda v: 0 < v < 1, "a number in (0, 1)"),
+    g.add_argument("--loss-scale-backoff", type=_scaler_param("backoff_factor", float),
                    default=BACKOFF_FACTOR, help="dynamic: backoff factor")
-    g.add_argument("--loss-scale-interval", type=_checked(int, lambda v: v >= 1, "an integer >= 1"),
+    g.add_argument("--loss-scale-interval", type=_scaler_param("growth_interval", int),
                    default=GROWTH_INTERVAL, help="dynamic: clean steps in a row before the scale grows")
     g.add_argument("--grad-histogram", type=_checked(int, lambda v: v >= 0, "an integer >= 0 (0: off)"),
                    default=0, metavar="N",

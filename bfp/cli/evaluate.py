@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ..conversion import load_precision_state
-from ..engine import checkpoint as ckpt
+from ..engine import checkpoint_set
 from ..engine.logs import RunLog
 from ..engine.schedule import EpochPlan
 from ..engine.trainer import Trainer
@@ -24,7 +24,9 @@ def evaluate(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None)
     out = stream or sys.stdout
     with cpu_threads(args.threads):
         device = resolve_device(args.device)
-        state = ckpt.load(ckpt.resolve(args.resume), map_location="cpu") if args.resume else None
+        # as a training resume loads it: a damaged file names the newest intact checkpoint beside it
+        state = checkpoint_set.load_with_hint(checkpoint_set.resolve(args.resume), map_location="cpu") \
+            if args.resume else None
         seed_everything(args.seed)
         data = load_data(args, device, task)
         model = make_model(task, args, data.num_classes, data.in_channels)

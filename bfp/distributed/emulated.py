@@ -31,22 +31,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
+from .env import broadcast_state, group_size
 from .hook import gather_workers, reduce_flat
 from .reduce import RoundedReduce
-
-
-def _world(group: Any) -> int:
-    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
-
-
-def broadcast_state(tensors, group: Any = None) -> None:
-    """Copy rank 0's ``tensors`` to every rank (no-op in a single process)."""
-    if _world(group) > 1:
-        for t in tensors:
-            dist.broadcast(t.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
 
 
 class EmulatedStep:
@@ -79,10 +68,7 @@ class EmulatedStep:
         losses, outs, kept = [], [], None
         for w, (xw, yw) in enumerate(zip(x.chunk(self.n), y.chunk(self.n))):
             optimizer.zero_grad(set_to_none=True)
-            with amp.autocast():
-                out = model(xw)
-                loss = criterion(out.float(), yw)
-            amp.backward(loss)
+            loss, out = amp.forward_backward(model, xw, yw, criterion=criterion)
             if w == 0:
                 kept = [b.detach().clone() for b in model.buffers()]
             else:
@@ -94,9 +80,9 @@ class EmulatedStep:
                     rows[w, off:off + sizes[i]] = p.grad.detach().reshape(-1).float()
                     rows[w, total + i] = 1.0
                 off += sizes[i]
-            losses.append(loss.detach())
-            outs.append(out.detach())
-        if _world(self.group) > 1:
+            losses.append(loss)
+            outs.append(out)
+        if group_size(self.group) > 1:
             rows = gather_workers(rows, self.group)
         flat = reduce_flat(self.reduce, rows[:, :total], [p.shape for p in params],
                            torch.empty(total, dtype=torch.float32, device=x.device))

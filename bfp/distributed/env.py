@@ -20,7 +20,7 @@ from __future__ import annotations
 import atexit
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -107,3 +107,18 @@ def init(e: DistEnv, device: torch.device) -> None:
 def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def group_size(group: Any = None) -> int:
+    """Processes in ``group`` (None: the default group); 1 without a process group."""
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+
+
+def broadcast_state(tensors, group: Any = None) -> None:
+    """Copy the first rank of ``group``'s ``tensors`` to every rank (nothing in a single process):
+    the parameters a run starts from, and the buffers (BatchNorm running statistics) before a
+    step or an evaluation."""
+    if group_size(group) > 1:
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        for t in tensors:
+            dist.broadcast(t.data, src=src, group=group)

@@ -177,7 +177,8 @@ class RoundedReduce:
         """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``."""
         n = stack.shape[0]
         if n < 1:
-            raise ValueError("a reduction needs at least one worker")
+            raise ValueError(f"a reduction needs at least one worker (a stack [N, ...] with N >= 1), got a stack "
+                             f"of shape {list(stack.shape)}")
         with torch.autocast(stack.device.type, enabled=False):
             v = stack.float()
             if self.average and self.divide == "before":

@@ -43,7 +43,6 @@ ranks' counts.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from .augment import KeyedAugment
+from .downloads import removed_on_failure
 from .fingerprint import fingerprint
 from .loaders import ShardedBatchSampler, loaders
 from . import images
@@ -330,42 +330,14 @@ def _cifar(name: str, path: Optional[str], download: bool):
         pass  # not there (or damaged): torchvision says "Dataset not found or corrupted"
     if not download:
         raise DataError(f"{name} not found under {str(root)!r} and downloading is off")
-    made, before = _first_missing(root), (set(root.iterdir()) if root.is_dir() else set())
     try:
-        return (cls(str(root), train=True, download=True), cls(str(root), train=False, download=True))
-    except BaseException as e:  # Ctrl-C mid-download too: remove the partial files, then stop
-        _remove_download_leftovers(root, made, before)
-        if not isinstance(e, Exception):
-            raise
+        with removed_on_failure(root):  # Ctrl-C mid-download too: the partial files go, the interrupt stays
+            return (cls(str(root), train=True, download=True), cls(str(root), train=False, download=True))
+    except Exception as e:
         raise DataError(f"{name} is not under {str(root)!r} (expected torchvision's "
                         f"{cls.base_folder}/ folder there) and downloading it failed "
                         f"({type(e).__name__}: {e}). Put the dataset there, or pass -dp PATH "
                         f"to where it is.") from None
-
-
-def _first_missing(root: Path) -> Optional[Path]:
-    """The outermost directory of ``root`` (itself or a parent) that does not exist yet."""
-    missing = None
-    for p in (root, *root.parents):
-        if p.exists():
-            break
-        missing = p
-    return missing
-
-
-def _remove_download_leftovers(root: Path, made: Optional[Path], before: set) -> None:
-    """Undo what a failed download wrote, so a later run does not find an empty
-    (or half-written) ``data/cifar100/``: the directories it created, or, where
-    ``root`` existed, only the entries that were not there before."""
-    if made is not None:
-        shutil.rmtree(made, ignore_errors=True)
-        return
-    if root.is_dir():
-        for p in set(root.iterdir()) - before:
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
 
 
 def _cifar_files_absent(name: str, root: Path) -> bool:
@@ -397,35 +369,42 @@ def _image_folder(path: Optional[str]):
         raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
-    train, test = _open_folder(root / "train"), _open_folder(test_dir)
+    return open_folders(root / "train", test_dir)
+
+
+def open_folders(train_dir: Path, test_dir: Path):
+    """The ``images.ImageFolder``s of ``train_dir`` and ``test_dir``; ``DataError`` when one has
+    no images or their class folders differ (naming the classes found in only one)."""
+    train, test = _open_folder(train_dir), _open_folder(test_dir)
     if train.classes != test.classes:
-        raise DataError(f"{root}: train and test class folders differ: {train.classes} vs {test.classes}")
+        only_t = sorted(set(train.classes) - set(test.classes))
+        only_v = sorted(set(test.classes) - set(train.classes))
+        raise DataError(f"{train_dir.parent}: train/ and {test_dir.name}/ class folders differ: only in train: "
+                        f"{only_t[:10] or 'none'}; only in {test_dir.name}: {only_v[:10] or 'none'}")
     return train, test
 
 
 def _open_folder(folder: Path):
     try:
         return images.ImageFolder(str(folder))
-    except FileNotFoundError as e:  # torchvision's "Found no valid file for the classes ..." names no folder
+    except (FileNotFoundError, RuntimeError) as e:  # torchvision's "Found no valid file for the classes ..."
         raise DataError(f"no images found under {folder} (it needs <class>/ folders holding image "
                         f"files): {e}") from None
 
 
 def _to_tensor_dataset(ds) -> TensorDataset:
     """Decode a torchvision dataset once into one uint8 tensor."""
-    if isinstance(ds, torch.utils.data.Subset):
-        full = _to_tensor_dataset(ds.dataset) if hasattr(ds.dataset, "data") else None
-        if full is not None:
-            idx = torch.as_tensor(list(ds.indices))
-            return TensorDataset(full.images[idx], full.labels[idx])
-        ds = _SubsetView(ds)
+    if isinstance(ds, torch.utils.data.Subset) and hasattr(ds.dataset, "data"):
+        full = _to_tensor_dataset(ds.dataset)
+        idx = torch.as_tensor(list(ds.indices))
+        return TensorDataset(full.images[idx], full.labels[idx])
     if hasattr(ds, "data") and isinstance(ds.data, np.ndarray):  # CIFAR: [N, 32, 32, 3] uint8
         data = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
         return TensorDataset(data, torch.as_tensor(ds.targets))
     import torchvision.transforms.functional as TF
     from PIL import Image
     imgs, labels = [], []
-    for p, y in ds.samples:
+    for p, y in images.samples_of(ds):  # an ImageFolder or a Subset of one
         try:
             im = images.load_rgb(p)
         except images.UnreadableImage as e:
@@ -436,10 +415,3 @@ def _to_tensor_dataset(ds) -> TensorDataset:
         imgs.append(TF.pil_to_tensor(im))
         labels.append(y)
     return TensorDataset(torch.stack(imgs), torch.tensor(labels))
-
-
-class _SubsetView:
-    """``samples`` of a Subset of an ImageFolder."""
-
-    def __init__(self, sub):
-        self.samples = [sub.dataset.samples[i] for i in sub.indices]

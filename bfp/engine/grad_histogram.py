@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..conversion import short_format
 from ..formats import Float, Format
 from ..layers import CONVERTIBLE, QUANTIZED_TYPES
 from .callbacks import Callback
@@ -68,11 +69,8 @@ def _layer_formats(module: nn.Module) -> list[tuple[str, Optional[Format]]]:
 
 
 def _short(fmt: Optional[Format]) -> str:
-    if fmt is None:
-        return "FP32"
-    if isinstance(fmt, Float):
-        return f"e{fmt.exp}m{fmt.man}"
-    return repr(fmt)
+    """The report tables' name (``short_format``: a preset name where one fits); FP32 for none."""
+    return "FP32" if fmt is None else short_format(fmt)
 
 
 class GradHistogram(Callback):

@@ -26,7 +26,7 @@ import torch
 from . import images
 from .augment import KeyedTransform
 from .data import (IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit,
-                   check_global_batch, find_image_folder)
+                   check_global_batch, find_image_folder, open_folders)
 from .loaders import loaders
 from .fingerprint import fingerprint
 
@@ -54,13 +54,6 @@ def tree(path: Optional[str]) -> tuple[Path, Path]:
     return root / "train", root / "val" if (root / "val").is_dir() else root / "test"
 
 
-def _folder(path: Path) -> images.ImageFolder:
-    try:
-        return images.ImageFolder(str(path))
-    except (FileNotFoundError, RuntimeError) as e:  # no class folder, or a class with no image
-        raise DataError(f"{path}: {e}") from None
-
-
 def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_train: int = 256,
                   batch_size_test: int = 256, num_workers: int = 4, device: Any = "cpu", seed: int = 0,
                   limit_train: int = 0, limit_test: int = 0, strict_images: bool = False,
@@ -72,12 +65,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
     if image_size < 8:
         raise DataError(f"--image-size must be >= 8, got {image_size}")
     train_dir, val_dir = tree(path)
-    train_ds, val_ds = _folder(train_dir), _folder(val_dir)
-    if train_ds.classes != val_ds.classes:
-        only_t = sorted(set(train_ds.classes) - set(val_ds.classes))
-        only_v = sorted(set(val_ds.classes) - set(train_ds.classes))
-        raise DataError(f"{train_dir.parent}: train/ and {val_dir.name}/ class folders differ: only in train: "
-                        f"{only_t[:10] or 'none'}; only in {val_dir.name}: {only_v[:10] or 'none'}")
+    train_ds, val_ds = open_folders(train_dir, val_dir)
     classes = list(train_ds.classes)
     fp = fingerprint("imagenet", train_ds, val_ds, classes, path)
     norm = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]

@@ -64,8 +64,7 @@ class RunLog:
         self.quiet = not is_main()
         self.run_dir = Path(run_dir) if run_dir is not None and not self.quiet else None
         self.stream = stream if stream is not None else sys.stdout
-        self.redact = tuple(r for r in redact if r)
-        self._pattern = pattern(self.redact)
+        self._pattern = pattern(redact)  # the secrets are kept only as this pattern
         self._file = None
         self.writer = None
         if self.run_dir is not None:

@@ -36,6 +36,14 @@ class ThirdsSchedule(CosineSchedule):
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "epochs": self.epochs}
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved run's schedule, as ``CosineSchedule`` restores its ``total_steps``: its
+        ``epochs`` and steps per epoch too (a resume on data of another size, allowed by
+        ``--resume-allow-data-change``, keeps the drops where the run had them)."""
+        self.epochs = int(state.get("epochs", self.epochs))
+        self.steps_per_epoch = int(state["total_steps"]) // self.epochs
+        super().load_state_dict(state)
+
 
 SCHEDULES = ("cosine", "thirds")
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..distributed.env import broadcast_state, group_size
+
 
 def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return group_size()
 
 
 def is_main() -> bool:
@@ -35,6 +37,4 @@ def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
 def broadcast_buffers(model: torch.nn.Module) -> None:
     """Give every rank rank 0's buffers (BatchNorm running statistics) before an evaluation,
     so all ranks evaluate, and rank 0 saves, the same model; nothing in a single process."""
-    if world_size() > 1:
-        for b in model.buffers():
-            dist.broadcast(b.data, src=0)
+    broadcast_state(list(model.buffers()))

@@ -83,7 +83,7 @@ class SlackNotifier(Callback):
             kw["base_url"] = base_url
         self.client = WebClient(**kw)
         self.client.retry_handlers = []  # one try: a slow Slack must not slow training
-        self.token, self.channel, self.run_name = token, channel, run_name
+        self.channel, self.run_name = channel, run_name  # the token lives only in client and _pattern
         self.drain_timeout = drain_timeout
         self._pattern = pattern([token])
         self._log = log
