@@ -313,6 +313,12 @@ class MX(Format):
     def emax_elem(self) -> int:
         return self.element.emax if isinstance(self.element, Float) else 0
 
+    @property
+    def element_max(self) -> float:
+        """Largest element magnitude before the block scale ``2**s``: the Float's ``max``,
+        or MXINT8's ``127 * 2**-6``."""
+        return self.element.max if isinstance(self.element, Float) else 127 * 2.0 ** -6
+
     def __repr__(self) -> str:
         el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"
         rnd = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"

@@ -60,8 +60,7 @@ def overflow_limit(fmt: Format) -> float:
     if isinstance(fmt, Float):
         return fmt.max
     if isinstance(fmt, MX):
-        element_max = fmt.element.max if isinstance(fmt.element, Float) else 127 * 2.0 ** -6
-        return element_max * 2.0 ** 127
+        return fmt.element_max * 2.0 ** 127
     if isinstance(fmt, BlockFloat):
         return _FLOAT32_MAX
     raise ValueError(f"overflow_limit: unknown format {fmt!r}")

@@ -88,3 +88,10 @@ def test_format_from_dict_rejects_garbage():
         format_from_dict({"kind": "posit"})
     with pytest.raises(ValueError, match="bad float format dict"):
         format_from_dict({"kind": "float", "exp": 4})
+
+
+def test_mx_element_max_is_the_elements_largest_magnitude_before_the_scale():
+    from bfp.formats import MX, format_from_name
+    assert MX("int8").element_max == 127 / 64
+    assert format_from_name("mxfp8_e4m3").element_max == 448.0
+    assert format_from_name("mxfp4_e2m1").element_max == 6.0
