@@ -141,3 +141,12 @@ def test_a_run_resumed_with_another_worker_count_ends_as_the_uninterrupted_one(t
     for name in ("last.pt", "best.pt"):
         assert_same_checkpoint(ckpt.load(run / "checkpoints" / name),
                                ckpt.load(tmp_path / "runs" / "straight" / "checkpoints" / name), name)
+
+
+def test_a_resume_reads_and_checks_its_checkpoint_once(tmp_path, saved_run, monkeypatch):
+    from bfp.engine import checkpoint_set
+    run, flags = saved_run
+    loads, real = [], checkpoint_set.load_with_hint
+    monkeypatch.setattr(checkpoint_set, "load_with_hint", lambda p, **kw: loads.append(p) or real(p, **kw))
+    assert main([*flags, "--resume", str(run)]) == 0  # the run had finished: loads, reports, stops
+    assert loads == [run / "checkpoints" / "last.pt"]

@@ -11,13 +11,13 @@ import argparse
 import sys
 
 from ..conversion import load_precision_state
-from ..engine import checkpoint_set
 from ..engine.logs import RunLog
 from ..engine.schedule import EpochPlan
 from ..engine.trainer import Trainer
 from .run import (convert, cpu_threads, initial_network_config, load_data, make_model, resolve_device,
                   seed_everything, train_config)
 from .tasks import Task
+from .train_config import resume_checkpoint
 
 
 def evaluate(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> dict[str, float]:
@@ -25,8 +25,7 @@ def evaluate(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None)
     with cpu_threads(args.threads):
         device = resolve_device(args.device)
         # as a training resume loads it: a damaged file names the newest intact checkpoint beside it
-        state = checkpoint_set.load_with_hint(checkpoint_set.resolve(args.resume), map_location="cpu") \
-            if args.resume else None
+        _, state = resume_checkpoint(args)
         seed_everything(args.seed)
         data = load_data(args, device, task)
         model = make_model(task, args, data.num_classes, data.in_channels)

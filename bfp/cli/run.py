@@ -18,7 +18,6 @@ from .. import models
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
-from ..engine import checkpoint_set
 from ..engine import data as data_mod
 from ..engine import images
 from ..engine.data import DataError
@@ -31,6 +30,7 @@ from .dist_run import distributed_setup
 from .flags import UsageError
 from .resume_checks import check_data, load_state, remove_stale_temps
 from .tasks import Task
+from .train_config import resume_checkpoint
 
 
 def resolve_device(name: str) -> torch.device:
@@ -151,8 +151,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     device = resolve_device(args.device)
     dist = distributed_setup(args, device)  # process group, device, step strategy, optimizer
     device = dist.device
-    resume_path = checkpoint_set.resolve(args.resume) if args.resume else None
-    state = checkpoint_set.load_with_hint(resume_path, map_location="cpu") if resume_path else None
+    resume_path, state = resume_checkpoint(args)
     seed_everything(args.seed)
     data = load_data(args, device, task, dist.shard)
     data_note = check_data(args, resume_path, state, data) if state is not None else None

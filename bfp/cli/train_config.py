@@ -186,6 +186,7 @@ def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespa
     # flags added after the checkpoint was written take their defaults
     new = argparse.Namespace(**{**vars(parser.parse_args([])), **saved})
     new.explicit = args.explicit
+    new.loaded_checkpoint = (path, state)  # the run loads it from here: read and CRC-checked once
     try:
         new.model_opt = [tuple(x) for x in new.model_opt]
         p = state["extra"]["plan"]
@@ -193,6 +194,18 @@ def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespa
     except (TypeError, KeyError, ValueError) as e:
         raise UsageError(f"--resume {path}: the saved flags or epoch plan cannot be read "
                          f"({type(e).__name__}: {e})") from None
+
+
+def resume_checkpoint(args: argparse.Namespace) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
+    """``(path, state)`` of ``--resume`` (``(None, None)`` without it): the checkpoint
+    ``apply_resume`` already loaded, handed over once, or loaded now."""
+    loaded = args.__dict__.pop("loaded_checkpoint", None)
+    if loaded is not None:
+        return loaded
+    if not args.resume:
+        return None, None
+    path = checkpoint_set.resolve(args.resume)
+    return path, checkpoint_set.load_with_hint(path, map_location="cpu")
 
 
 def _check_saved_types(parser: argparse.ArgumentParser, saved: dict[str, Any], path: Path) -> None:
