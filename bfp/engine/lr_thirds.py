@@ -21,12 +21,12 @@ from .schedule import CosineSchedule
 class ThirdsSchedule(CosineSchedule):
     """Step decay by 10x at each third of ``epochs`` (see the module docstring)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0,
-                 min_factor: float = 0.0, *, epochs: int = 1):
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int = 0, *,
+                 epochs: int = 1):
         if epochs < 1 or total_steps % epochs:
             raise ValueError(f"total_steps {total_steps} must be a positive multiple of epochs {epochs}")
         self.epochs, self.steps_per_epoch = epochs, total_steps // epochs
-        super().__init__(optimizer, total_steps, warmup_steps, min_factor)
+        super().__init__(optimizer, total_steps, warmup_steps)  # no cosine floor: factor() replaces it
 
     def factor(self, step: int) -> float:
         epoch = min(step, self.total_steps - 1) // self.steps_per_epoch
