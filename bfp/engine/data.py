@@ -43,7 +43,6 @@ ranks' counts.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -56,7 +55,7 @@ from .augment import KeyedAugment
 from .downloads import removed_on_failure
 from .fingerprint import fingerprint
 from .loaders import ShardedBatchSampler, loaders
-from . import images
+from . import decoded, images
 
 DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
 CIFAR_MEAN = {"CIFAR10": (0.4914, 0.4822, 0.4465), "CIFAR100": (0.5071, 0.4865, 0.4409)}
@@ -401,17 +400,6 @@ def _to_tensor_dataset(ds) -> TensorDataset:
     if hasattr(ds, "data") and isinstance(ds.data, np.ndarray):  # CIFAR: [N, 32, 32, 3] uint8
         data = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()
         return TensorDataset(data, torch.as_tensor(ds.targets))
-    import torchvision.transforms.functional as TF
-    from PIL import Image
-    imgs, labels = [], []
-    for p, y in images.samples_of(ds):  # an ImageFolder or a Subset of one
-        try:
-            im = images.load_rgb(p)
-        except images.UnreadableImage as e:
-            print(f"warning: skipping unreadable image {e.path}: {e.reason}", file=sys.stderr)
-            continue
-        if im.size != (32, 32):
-            im = im.resize((32, 32), Image.BILINEAR)
-        imgs.append(TF.pil_to_tensor(im))
-        labels.append(y)
-    return TensorDataset(torch.stack(imgs), torch.tensor(labels))
+    base = _base(ds)  # an ImageFolder or a Subset of one: decoded once, then from the cache
+    root = Path(base.root).parent if getattr(base, "root", None) else None
+    return TensorDataset(*decoded.decode(images.samples_of(ds), root))

@@ -1,0 +1,136 @@
+"""``python -m bfp.experiments``: run, list, verify and report the experiment matrices.
+
+    python -m bfp.experiments run cifar10-table --data ../shared/data/cifar10-jpg.tar.gz
+    python -m bfp.experiments list cifar10-table --data data/cifar10_jpg     # the commands, nothing run
+    python -m bfp.experiments report cifar10-table                          # docs/RESULTS.md + docs/img/
+    python -m bfp.experiments verify cifar10-table --row fb16 --data data/cifar10_jpg
+
+``run`` is resumable: rows with a result file are skipped, a killed row
+resumes from its checkpoint (bfp.experiments.runner). ``--profile quick`` is
+the machinery check CI runs (a few hundred images, one epoch, three rows);
+its results go under ``runs/`` so they never mix with the committed ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+from typing import Optional
+
+from . import matrix, results, runner
+
+
+def data_folder(arg: str, extract_to: Path) -> str:
+    """``arg`` if it is a folder; a ``.tar.gz`` is unpacked into ``extract_to`` once
+    (skipped when already there) and the image folder inside it is returned."""
+    from ..engine.data import find_image_folder
+    p = Path(arg)
+    if not p.exists():
+        raise ValueError(f"--data {arg!r} does not exist; give the CIFAR-10 JPEG folder (train/ and test/ "
+                         f"class folders) or its .tar.gz")
+    if p.is_file():
+        if not p.name.endswith((".tar.gz", ".tgz", ".tar")):
+            raise ValueError(f"--data {arg!r} is a file but not a .tar.gz/.tgz/.tar archive")
+        with tarfile.open(p) as tar:
+            top = sorted({m.name.split("/")[0] for m in tar.getmembers() if m.name.strip("/")})
+            if len(top) != 1:
+                raise ValueError(f"--data {arg!r}: expected one top folder in the archive, found {top[:5]}")
+            target = extract_to / top[0]
+            if not target.is_dir():
+                print(f"unpacking {arg} into {extract_to}/ (once)")
+                extract_to.mkdir(parents=True, exist_ok=True)
+                tar.extractall(extract_to, filter="data")
+        p = target
+    found = find_image_folder(p)
+    if found is None:
+        raise ValueError(f"--data {arg!r} holds no train/ and test/ class folders")
+    return str(found)
+
+
+def _dirs(args) -> tuple[Path, Path]:
+    quick = args.profile != "full"
+    res = Path(args.results or (f"runs/{args.table}-{args.profile}/results" if quick else f"results/{args.table}"))
+    runs = Path(args.runs or f"runs/{args.table}-{args.profile}")
+    return res, runs
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bfp.experiments", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["run", "list", "report", "verify"])
+    p.add_argument("table", choices=list(matrix.TABLES))
+    p.add_argument("--data", help="CIFAR-10 JPEG folder (train/, test/) or its .tar.gz (unpacked into "
+                                  "--extract-to once)")
+    p.add_argument("--extract-to", default="data", help="where a --data archive is unpacked (default data/)")
+    p.add_argument("--profile", default="full", choices=list(matrix.PROFILES),
+                   help="full: the published table; quick: a machinery check (CI)")
+    p.add_argument("--rows", default=None, help="comma-separated row names (default: the profile's rows)")
+    p.add_argument("--row", default=None, help="verify: the row to rerun")
+    p.add_argument("--epochs", type=int, default=None, help="override the profile's epoch count (tests)")
+    p.add_argument("--results", default=None, help="result folder (default results/<table>; quick: under runs/)")
+    p.add_argument("--runs", default=None, help="run directories (default runs/<table>-<profile>)")
+    p.add_argument("--doc", default="docs/RESULTS.md", help="report: the Markdown file to write")
+    p.add_argument("--img", default="docs/img", help="report: the folder for the PNG curves")
+    args = p.parse_args(argv)
+    try:
+        prof, rows = matrix.profile(args.profile), matrix.table(args.table)
+        wanted = [r for r in args.rows.split(",") if r] if args.rows else None
+        chosen = matrix.select(rows, prof, wanted)
+        if args.epochs is not None and args.epochs < 1:
+            raise ValueError(f"--epochs must be a positive integer, got {args.epochs}")
+        res_dir, runs_dir = _dirs(args)
+        if args.action == "report":
+            from . import report
+            out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc), Path(args.img))
+            print(f"wrote {out}")
+            return 0
+        if not args.data:
+            raise ValueError("--data is required: the CIFAR-10 JPEG folder or its .tar.gz "
+                             "(../shared/data/cifar10-jpg.tar.gz in this project)")
+        data = data_folder(args.data, Path(args.extract_to))
+        if args.action == "list":
+            for r in chosen:
+                print(f"# {r.name}: {r.words}\n{matrix.shell(matrix.command(r, prof, data, str(runs_dir), args.epochs))}")
+            return 0
+        if args.action == "verify":
+            return verify(args, prof, rows, data, res_dir, runs_dir)
+        print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
+        return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs)
+    except ValueError as e:
+        print(f"python -m bfp.experiments: error: {e}", file=sys.stderr)
+        return 2
+
+
+def verify(args, prof, rows, data, res_dir: Path, runs_dir: Path) -> int:
+    """Rerun one row from scratch into a scratch folder and compare its per-epoch numbers with the
+    recorded result, exactly."""
+    if not args.row:
+        raise ValueError("verify needs --row NAME")
+    row = matrix.select(rows, prof, [args.row])[0]
+    recorded = res_dir / f"{row.name}.json"
+    if not recorded.is_file():
+        raise ValueError(f"no recorded result {recorded} to verify against; run the row first")
+    doc = json.loads(recorded.read_text())
+    scratch = runs_dir / ".verify"
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    epochs = len(doc["epochs"])
+    if not runner.run_row(args.table, row, prof, data, scratch / "results", scratch, epochs):
+        return 1
+    again = json.loads((scratch / "results" / f"{row.name}.json").read_text())
+    keys = ("train_loss", "test_loss", "test_acc1")
+    diffs = [f"epoch {a['epoch'] + 1} {k}: recorded {a[k]!r}, now {b[k]!r}"
+             for a, b in zip(doc["epochs"], again["epochs"]) for k in keys if a.get(k) != b.get(k)]
+    if diffs:
+        print(f"{row.name}: DIFFERS from {recorded} (threads {doc['threads']}, seed {doc['seed']}, "
+              f"machine {doc['machine'].get('cpu')}):\n  " + "\n  ".join(diffs))
+        return 1
+    print(f"{row.name}: identical to {recorded}: {len(again['epochs'])} epochs of {', '.join(keys)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The experiment matrices: rows of ``cifar.py`` flags, the setup they share, and their commands.
+
+A row is nothing but flags: ``command(...)`` puts the setup's flags, the
+row's flags and the run directory together into the exact ``cifar.py``
+command line the runner executes and the report prints, so a reader can copy
+one row and get the same numbers (same thread count and seed; see
+docs/RESULTS.md, "Rerunning a row").
+
+``cifar10-table`` reproduces the claims of the seeds:
+
+* seed 000 (FlexBlock BFP): FB24/FB16 train about as well as FP32, FB12 and
+  FB12LG16 lose accuracy, ``--do Simple/0.6/0.8/0/1`` recovers some of it
+  with fewer bits;
+* seed 001 (CPD): 8 workers reducing 8-bit (e4m3) and 4-bit (e3m0)
+  gradients lose accuracy without APS and recover with it; Kahan and LARS;
+* seeds 002-004 (mixed precision): simulated fp16 gradients without loss
+  scaling underflow, dynamic loss scaling mends it, bf16 needs none;
+* and today's 8/4-bit formats (FP8 hybrid, MXFP8, MXFP4) beside them.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str            # file and run-directory name
+    claim: str           # the panel it belongs to (CLAIMS)
+    words: str           # the format in words, for the table
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The setup every row of a table shares."""
+
+    name: str
+    about: str
+    flags: tuple[str, ...]
+    epochs: int
+    rows: Optional[tuple[str, ...]] = None   # None: every row of the table
+    threads: int = 2
+
+
+CLAIMS = {
+    "seed000": "Seed 000, block floating point (FlexBlock)",
+    "seed001": "Seed 001, low-precision gradient all-reduce over 8 workers (CPD)",
+    "seed002": "Seeds 002-004, mixed precision and loss scaling",
+    "formats": "Today's 8- and 4-bit formats",
+}
+
+W8 = ("--emulate-node", "8")
+ROWS = (
+    Row("fp32", "seed000", "FP32 (reference)", ()),
+    Row("fb24", "seed000", "BFP 16-bit mantissas, groups of 24 (FB24)", ("--bfp", "any_FB24")),
+    Row("fb16", "seed000", "BFP 8-bit, groups of 12 (FB16)", ("--bfp", "any_FB16")),
+    Row("fb12lg16", "seed000", "BFP 4-bit forward/weight-grad, 8-bit input-grad (FB12LG16)",
+        ("--bfp", "any_FB12LG16")),
+    Row("fb12", "seed000", "BFP 4-bit, groups of 24 (FB12)", ("--bfp", "any_FB12")),
+    Row("fb16-do", "seed000", "FB16 with dynamic precision Simple/0.6/0.8/0/1 (4/8/16 bits)",
+        ("--bfp", "any_FB16", "--do", "Simple/0.6/0.8/0/1", "--do-every", "100")),
+    Row("w8-fp32", "seed001", "8 workers, FP32 all-reduce", W8),
+    Row("w8-e4m3", "seed001", "8 workers, gradients e4m3 (8-bit), no APS",
+        W8 + ("--grad-exp", "4", "--grad-man", "3")),
+    Row("w8-e4m3-aps", "seed001", "8 workers, gradients e4m3, APS",
+        W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps")),
+    Row("w8-e3m0", "seed001", "8 workers, gradients e3m0 (4-bit), no APS",
+        W8 + ("--grad-exp", "3", "--grad-man", "0")),
+    Row("w8-e3m0-aps", "seed001", "8 workers, gradients e3m0, APS",
+        W8 + ("--grad-exp", "3", "--grad-man", "0", "--use-aps")),
+    Row("w8-e4m3-aps-kahan", "seed001", "8 workers, gradients e4m3, APS + Kahan",
+        W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps", "--use-kahan")),
+    Row("w8-e4m3-aps-lars", "seed001", "8 workers, gradients e4m3, APS + LARS",
+        W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps", "--use-lars")),
+    Row("fp16grad", "seed002", "simulated fp16 gradients (Float(5,10) at bwo/bio/bwg/big), no loss scaling",
+        ("--bfp", "any_fp16_grads", "--loss-scale", "none")),
+    Row("fp16grad-ls", "seed002", "simulated fp16 gradients, dynamic loss scaling",
+        ("--bfp", "any_fp16_grads", "--loss-scale", "dynamic")),
+    Row("bf16", "seed002", "bf16 autocast (torch), no loss scaling", ("--precision", "bf16")),
+    Row("fp8", "formats", "FP8: e4m3 weights/activations, e5m2 gradients", ("--bfp", "any_fp8_hybrid")),
+    Row("mxfp8", "formats", "OCP MXFP8 (E4M3/E5M2 elements, E8M0 scale per 32)", ("--bfp", "any_mxfp8")),
+    Row("mxfp4", "formats", "OCP MXFP4 (E2M1 elements, E8M0 scale per 32)", ("--bfp", "any_mxfp4")),
+)
+
+_SETUP = ("-m", "ResNet10", "--model-opt", "width=16", "-d", "CIFAR10", "--gpu-data", "True",
+          "--batch-size-train", "128", "--optim-lr", "0.1", "--optim-momentum", "0.9",
+          "--optim-weight-decay", "5e-4", "--seed", "0")
+PROFILES = {
+    "full": Profile(
+        "full", "full CIFAR-10 (50,000 train / 10,000 test), ResNet10 width 16 (0.3M parameters), "
+                "4 epochs, batch 128, SGD lr 0.1 momentum 0.9 wd 5e-4 with cosine decay to 0 per step, "
+                "crop+flip augmentation, seed 0, 2 threads", _SETUP, epochs=4),
+    "quick": Profile(
+        "quick", "machinery check only (CI): 300 train / 100 test images, ResNet10 width 4, 1 epoch, "
+                 "three rows; its accuracies mean nothing",
+        ("-m", "ResNet10", "--model-opt", "width=4", "-d", "CIFAR10", "--gpu-data", "True",
+         "--batch-size-train", "32", "--optim-lr", "0.05", "--seed", "0",
+         "--limit-train-images", "300", "--limit-test-images", "100"),
+        epochs=1, rows=("fp32", "fb16-do", "w8-e4m3-aps"), threads=1),
+}
+TABLES = {"cifar10-table": ROWS}
+
+
+def table(name: str) -> tuple[Row, ...]:
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}; allowed: {', '.join(TABLES)}")
+    return TABLES[name]
+
+
+def profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def select(rows: tuple[Row, ...], prof: Profile, wanted: Optional[list[str]] = None) -> list[Row]:
+    """The rows to run: ``wanted`` (names, in the table's order) or the profile's rows."""
+    names = [r.name for r in rows]
+    pick = wanted if wanted else (prof.rows or names)
+    bad = [n for n in pick if n not in names]
+    if bad:
+        raise ValueError(f"unknown row(s) {', '.join(bad)}; allowed: {', '.join(names)}")
+    return [r for r in rows if r.name in pick]
+
+
+def command(row: Row, prof: Profile, data: str, run_dir: str, epochs: Optional[int] = None) -> list[str]:
+    """The ``cifar.py`` command line (argv, ``cifar.py`` first) of ``row`` under ``prof``."""
+    return (["cifar.py", *prof.flags, "-dp", data, "--training-epochs", str(epochs or prof.epochs),
+             "--threads", str(prof.threads), *row.flags, "--progress", "False", "--log", "True",
+             "--save", "True", "--run-dir", run_dir, "--run-name", row.name])
+
+
+def shell(argv: list[str]) -> str:
+    return "python " + " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,147 @@
+"""One row's result file: what a finished run directory says, plus where and how it ran.
+
+``collect`` reads the run directory ``cifar.py --log True`` wrote
+(``metrics.jsonl``: one line per epoch; ``dynamic_precision.csv`` for
+``--do``) and returns the small JSON document the runner commits under
+``results/<table>/<row>.json``: the command, git commit, package versions,
+machine, threads, seed, per-epoch train loss / test top-1, final and best
+top-1, times, mean bits (``--do``) and skipped steps (loss scaling).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+EPOCH_KEYS = ("epoch", "global_step", "train_loss", "train_acc1", "test_loss", "test_acc1", "test_acc5",
+              "lr", "epoch_time_s", "images_per_s", "skipped_steps", "loss_scale")
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-epoch metrics of a run, one dict per epoch in order (the last line of an epoch
+    wins where a resumed run wrote an epoch twice)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    by_epoch: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            m = json.loads(line)
+            by_epoch[int(m["epoch"])] = m
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def mean_bits(run_dir: Path, total_steps: int) -> Optional[float]:
+    """Mean bits of a ``--do`` run: every (layer, operand pair)'s bits weighted by the training
+    steps they were in force, averaged over the pairs with equal weight; None without a log."""
+    path = run_dir / "dynamic_precision.csv"
+    if not path.is_file() or total_steps <= 0:
+        return None
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    changes: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    start: dict[tuple[str, str], int] = {}
+    for r in rows:
+        key = (r["layer"], r["pair"])
+        start.setdefault(key, int(r["old_bits"]))
+        changes.setdefault(key, []).append((int(r["step"]), int(r["new_bits"])))
+    means = []
+    for key, bits0 in start.items():
+        acc, at, bits = 0, 0, bits0
+        for step, new in sorted(changes[key]):
+            step = min(step, total_steps)
+            acc += bits * (step - at)
+            at, bits = step, new
+        acc += bits * (total_steps - at)
+        means.append(acc / total_steps)
+    return sum(means) / len(means)
+
+
+def git_commit(where: Path) -> Optional[str]:
+    try:
+        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version()}
+
+
+def versions() -> dict[str, Optional[str]]:
+    out = {}
+    for pkg in ("bfpsim", "torch", "torchvision", "numba", "numpy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invocations: list[dict]
+            ) -> dict[str, Any]:
+    """The result document of a finished row (see the module docstring); the git commit is the
+    one the row was started at (its first invocation's)."""
+    metrics = read_metrics(run_dir)
+    epochs = [{k: m[k] for k in EPOCH_KEYS if k in m} for m in metrics]
+    top1 = [m["test_acc1"] for m in metrics]
+    steps = int(metrics[-1]["global_step"]) if metrics else 0
+    skipped = [m.get("skipped_steps") for m in metrics]
+    return {
+        "table": table, "row": row.name, "claim": row.claim, "words": row.words,
+        "profile": profile.name, "setup": profile.about,
+        "command": command, "resumed": len(invocations) > 1, "invocations": invocations,
+        "git_commit": invocations[0].get("git_commit") if invocations else None, "versions": versions(), "machine": machine(),
+        "threads": profile.threads, "seed": int(_flag(command, "--seed", "0")),
+        "epochs": epochs,
+        "final_top1": top1[-1] if top1 else None, "best_top1": max(top1) if top1 else None,
+        "train_time_s": sum(m.get("epoch_time_s", 0.0) for m in metrics),
+        "wall_time_s": sum(i.get("wall_s", 0.0) for i in invocations),
+        "steps": steps,
+        "mean_bits": mean_bits(run_dir, steps),
+        "skipped_steps": sum(s for s in skipped if s is not None) if any(s is not None for s in skipped)
+        else None,
+    }
+
+
+def _flag(argv: list[str], flag: str, default: str) -> str:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else default
+
+
+def write_json(doc: dict, path: Path) -> None:
+    """``doc`` to ``path`` atomically (temporary file, then ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def load_results(folder: Path) -> dict[str, dict]:
+    """Every ``<row>.json`` of ``folder``, by row name."""
+    out = {}
+    for p in sorted(folder.glob("*.json")):
+        doc = json.loads(p.read_text())
+        out[doc["row"]] = doc
+    return out
