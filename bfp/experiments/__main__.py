@@ -84,7 +84,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         res_dir, runs_dir = _dirs(args)
         if args.action == "report":
             from . import report
-            out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc), Path(args.img))
+            out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc),
+                                Path(args.img), res_dir.as_posix())
             print(f"wrote {out}")
             return 0
         if not args.data:

@@ -90,8 +90,8 @@ _SETUP = ("-m", "ResNet10", "--model-opt", "width=16", "-d", "CIFAR10", "--gpu-d
 PROFILES = {
     "full": Profile(
         "full", "full CIFAR-10 (50,000 train / 10,000 test), ResNet10 width 16 (0.3M parameters), "
-                "4 epochs, batch 128, SGD lr 0.1 momentum 0.9 wd 5e-4 with cosine decay to 0 per step, "
-                "crop+flip augmentation, seed 0, 2 threads", _SETUP, epochs=4),
+                "3 epochs, batch 128, SGD lr 0.1 momentum 0.9 wd 5e-4 with cosine decay to 0 per step, "
+                "crop+flip augmentation, seed 0, 2 threads", _SETUP, epochs=3),
     "quick": Profile(
         "quick", "machinery check only (CI): 300 train / 100 test images, ResNet10 width 4, 1 epoch, "
                  "three rows; its accuracies mean nothing",

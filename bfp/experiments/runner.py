@@ -24,12 +24,14 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
 from . import matrix, results
 
 REPO = Path(__file__).resolve().parents[2]
+_say = partial(print, flush=True)
 
 
 def script_argv(argv: list[str]) -> list[str]:
@@ -50,20 +52,33 @@ def _loadavg() -> Optional[list[float]]:
 
 def _invoke(argv: list[str], log: Path, say: Callable[[str], None]) -> int:
     say("  $ " + matrix.shell(argv))
-    start = {"argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": _loadavg(),
-             "git_commit": results.git_commit(REPO)}
+    _log(log, {"argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": _loadavg(),
+               "git_commit": results.git_commit(REPO)})
     t = time.monotonic()
-    rc = subprocess.call(script_argv(argv))
-    end = {"wall_s": round(time.monotonic() - t, 2), "returncode": rc, "loadavg_end": _loadavg()}
-    with open(log, "a") as f:
-        f.write(json.dumps({**start, **end}) + "\n")
+    rc = subprocess.call(script_argv(argv), env={**os.environ, "PYTHONUNBUFFERED": "1"})  # lines as they come
+    _log(log, {"wall_s": round(time.monotonic() - t, 2), "returncode": rc, "loadavg_end": _loadavg()})
     return rc
 
 
+def _log(log: Path, entry: dict) -> None:
+    with open(log, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def invocations(log: Path) -> list[dict]:
-    if not log.is_file():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    """One dict per ``cifar.py`` process started for the row; a killed one has no ``returncode``."""
+    out: list[dict] = []
+    if log.is_file():
+        for line in log.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                if "argv" in entry or not out:
+                    out.append(entry)
+                else:
+                    out[-1].update(entry)
+    return out
 
 
 def _set_aside(run_dir: Path) -> Path:
@@ -76,7 +91,7 @@ def _set_aside(run_dir: Path) -> Path:
 
 
 def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, results_dir: Path,
-            runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = print) -> bool:
+            runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say) -> bool:
     """Bring ``row`` to a result file (see the module docstring); False if its run failed."""
     epochs = epochs or prof.epochs
     argv = matrix.command(row, prof, data, str(runs_dir), epochs)
@@ -107,7 +122,7 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
 
 
 def run(table: str, rows: list[matrix.Row], prof: matrix.Profile, data: str, results_dir: Path,
-        runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = print) -> int:
+        runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say) -> int:
     """Every row of ``rows`` (module docstring); 0 when all have results, 1 otherwise."""
     failed, t0 = [], time.monotonic()
     for i, row in enumerate(rows, 1):
