@@ -1,10 +1,13 @@
 """Slack progress messages: start, each epoch, finish, crash.
 
-The token comes from ``./slackbot.token`` or the ``BFP_SLACK_TOKEN``
-environment variable; a token file that is not UTF-8 text, or a token shorter
-than any real Slack token (``MIN_TOKEN_LENGTH``), is refused with a
-``SlackTokenError`` (a short "token" would also be masked wherever it stands
-alone in the log). Slack is best effort: a network or auth failure is logged
+The token comes from ``./slackbot.token`` (its first non-empty line; later
+lines, a comment for instance, are ignored) or the ``BFP_SLACK_TOKEN``
+environment variable. A token file that is not UTF-8 text, a token with a
+space, control or non-ASCII character inside it, or one shorter than any real
+Slack token (``MIN_TOKEN_LENGTH``), is refused with a ``SlackTokenError``
+naming where it came from, never quoting it (a short "token" would also be
+masked wherever it stands alone in the log; a token with a newline reached
+the HTTP library, whose error message carried it escaped). Slack is best effort: a network or auth failure is logged
 (without the token) and training goes on.
 
 Why a background thread: a hanging Slack endpoint cost every epoch the HTTP
@@ -38,6 +41,14 @@ class SlackTokenError(ValueError):
 
 
 def _check_token(token: str, source: str) -> str:
+    bad = next((i for i, ch in enumerate(token) if not (ch.isascii() and ch.isprintable()) or ch.isspace()),
+               None)
+    if bad is not None:
+        kind = "a space" if token[bad] == " " else ("a non-ASCII character" if not token[bad].isascii()
+                                                   else "a control character")
+        raise SlackTokenError(f"the Slack token from {source} holds {kind} at position {bad + 1}; a Slack "
+                              f"token is one word of letters, digits and '-' (xoxb-...). Fix the token, or "
+                              f"leave --slackbot off")
     if len(token) < MIN_TOKEN_LENGTH:
         raise SlackTokenError(f"the Slack token from {source} has {len(token)} characters; a Slack token "
                               f"(xoxb-...) has at least {MIN_TOKEN_LENGTH}. Put the bot token there, or "
@@ -46,14 +57,16 @@ def _check_token(token: str, source: str) -> str:
 
 
 def read_token(path: os.PathLike | str = TOKEN_FILE) -> Optional[str]:
-    """The token from ``BFP_SLACK_TOKEN`` or from ``path``; None when neither has one."""
+    """The token from ``BFP_SLACK_TOKEN`` or from the first non-empty line of ``path``;
+    None when neither has one."""
     env = os.environ.get(TOKEN_ENV, "").strip()
     if env:
         return _check_token(env, f"${TOKEN_ENV}")
     p = Path(path)
     if p.is_file():
         try:
-            tok = p.read_text(encoding="utf-8").strip()
+            lines = [line.strip() for line in p.read_text(encoding="utf-8").splitlines()]
+            tok = next((line for line in lines if line), "")
         except UnicodeDecodeError as e:
             raise SlackTokenError(f"Slack token file {str(p)!r} is not UTF-8 text (byte {e.start}: "
                                   f"{e.object[e.start:e.start + 1]!r}); it must hold the token only") from None
