@@ -49,10 +49,19 @@ _TORCH_DTYPE = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 INIT_SCALE = 2.0 ** 16
 GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0, 0.5, 2000
 LOSS_SCALE_MODES = ("none", "dynamic")
+# A loss scale multiplies a float32 loss: it must be a normal float32 (1e-50 rounds to 0, 1e39 to inf).
+SCALE_MIN, SCALE_MAX = float(torch.finfo(torch.float32).tiny), float(torch.finfo(torch.float32).max)
+
+
+def _scale_ok(v: float) -> bool:
+    return math.isfinite(v) and SCALE_MIN <= v <= SCALE_MAX
+
+
+SCALE_ALLOWED = "a number in [1.2e-38, 3.4e38] (a normal float32)"
 #: The dynamic rule's parameters: keyword -> (flag, test, what is allowed); LossScaler and the
 #: command-line flags (bfp.cli.amp_flags) check them with this one table.
 SCALER_PARAMS = {
-    "init_scale": ("--loss-scale-init", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    "init_scale": ("--loss-scale-init", _scale_ok, SCALE_ALLOWED),
     "growth_factor": ("--loss-scale-growth", lambda v: math.isfinite(v) and v > 1, "a finite number > 1"),
     "backoff_factor": ("--loss-scale-backoff", lambda v: 0 < v < 1, "a number in (0, 1)"),
     "growth_interval": ("--loss-scale-interval", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
@@ -66,15 +75,16 @@ def check_compute_dtype(name: str) -> str:
 
 
 def parse_loss_scale(value: Union[str, float, None]) -> Union[str, float, None]:
-    """``None``, ``"none"``, ``"dynamic"`` or a finite number > 0 (a string such as ``"1024"`` too)."""
+    """``None``, ``"none"``, ``"dynamic"`` or a number a float32 loss can be multiplied by
+    (``SCALE_ALLOWED``; a string such as ``"1024"`` too)."""
     if value is None or value in LOSS_SCALE_MODES:
         return value
     try:
         s = float(value)
     except (TypeError, ValueError):
         s = math.nan
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"--loss-scale {value!r}: allowed none, dynamic or a finite number > 0 (e.g. 1024)")
+    if not _scale_ok(s):
+        raise ValueError(f"--loss-scale {value!r}: allowed none, dynamic or {SCALE_ALLOWED}, e.g. 1024")
     return s
 
 

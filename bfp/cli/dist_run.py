@@ -85,8 +85,6 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
     if args.batch_size_train % workers:
         raise UsageError(f"--batch-size-train {args.batch_size_train} (the global batch) is not divisible by "
                          f"{workers} workers ({e.world_size} process(es) x --emulate-node {args.emulate_node})")
-    if args.lars_trust < 0:
-        raise UsageError(f"--lars-trust must be >= 0, got {args.lars_trust}")
     fmt = grad_format(args)
     device = dist_env.device_for(e, device)
     dist_env.init(e, device)

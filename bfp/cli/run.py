@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import math
 import random
 import sys
 import time
@@ -25,6 +26,7 @@ from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
 from ..engine.slack import SlackNotifier, SlackTokenError, read_token
 from ..engine.trainer import Trainer, TrainConfig, convert_model
+from ..optim import check_hyperparam
 from .amp_flags import amp_callbacks, make_amp
 from .dist_run import distributed_setup
 from .flags import UsageError
@@ -69,6 +71,12 @@ def cpu_threads(n: int):
         numba.set_num_threads(old_numba)
 
 
+def max_threads() -> int:
+    """The most ``--threads`` a run may ask for: numba's thread pool size (this machine's cores
+    unless ``NUMBA_NUM_THREADS`` says otherwise); torch would start more threads but not faster."""
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
 def check_args(task: Task, args: argparse.Namespace) -> None:
     hooks = task.hooks
     try:
@@ -86,8 +94,23 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
     for flag in ("limit_train_images", "limit_test_images"):
         if getattr(args, flag) < 0:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 0 (0: all), got {getattr(args, flag)}")
-    if args.threads < 0:
-        raise UsageError(f"--threads must be >= 0, got {args.threads}")
+    name = args.run_name
+    if name is not None and (name in ("", ".", "..") or any(c in name for c in "/\\\0") or name != name.strip()):
+        raise UsageError(f"--run-name {name!r} must be one plain directory name (no '/', '\\', '..', "
+                         f"surrounding spaces): the run directory is --run-dir/NAME; put other folders in "
+                         f"--run-dir")
+    if not 0 <= args.threads <= max_threads():
+        raise UsageError(f"--threads must be in [0, {max_threads()}] (0: torch's and numba's defaults; at most "
+                         f"NUMBA_NUM_THREADS={numba.config.NUMBA_NUM_THREADS}, which the environment variable "
+                         f"of that name raises), got {args.threads}")
+    for name, flag, value in (("lr", "--optim-lr", args.optim_lr), ("momentum", "--optim-momentum",
+                              args.optim_momentum), ("weight_decay", "--optim-weight-decay", args.optim_weight_decay)):
+        try:
+            check_hyperparam(name, value, flag)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    if not (math.isfinite(args.lars_trust) and args.lars_trust >= 0):
+        raise UsageError(f"--lars-trust must be a finite number >= 0, got {args.lars_trust}")
     if args.num_workers < 0:
         raise UsageError(f"--num-workers must be >= 0, got {args.num_workers}")
     if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.manual_seed accepts
@@ -161,7 +184,9 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     # A resumed model is first converted as it was when saved; the checkpoint's
     # per-layer precision state then restores any dynamic changes.
     initial = state["network_config"] if state is not None else initial_network_config(args, plan)
-    model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
+    from_plan = state is None and args.network_config is None and 0 in plan.precision
+    model = convert(model, initial, "checkpoint network config" if state is not None else
+                    f"-tc {args.train_config_file}: bfp-layer-conf-dict[0]" if from_plan else "--bfp")
     check_plan_configs(model, plan, initial, args.train_config_file)
 
     writes = args.log or args.save
@@ -261,7 +286,7 @@ def check_plan_configs(model, plan: EpochPlan, initial: Any, source: Optional[st
     """Convert a copy with every scheduled config: a bad one fails now, not at epoch 20."""
     for epoch, cfg in sorted(plan.precision.items()):
         if cfg != initial:
-            convert(copy.deepcopy(model), cfg, f"{source}: bfp-layer-conf-dict[{epoch}]")
+            convert(copy.deepcopy(model), cfg, f"-tc {source}: bfp-layer-conf-dict[{epoch}]")
 
 
 def new_run_dir(args: argparse.Namespace, suffix: str) -> Path:

@@ -49,6 +49,9 @@ def load_train_config(path: Path, parser: argparse.ArgumentParser) -> tuple[dict
     """(flag defaults by dest, plan entries) from a conf_train JSON file; unknown keys are errors."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"training config {str(path)!r} is not UTF-8 text (byte {e.start}: "
+                         f"{e.object[e.start:e.start + 1]!r}); save it as UTF-8 JSON") from None
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"training config {str(path)!r} is not readable JSON: {e}") from None
     except RecursionError:  # json's decoder recurses once per nesting level

@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import torch
 
+from ..optim import check_hyperparam
+
 
 class CosineSchedule:
     """Sets ``lr`` of every param group before each step; its state is the step count and base LRs."""
@@ -124,9 +126,12 @@ def _opt_entry(entry: Any, key: Any, source: str) -> dict[str, float]:
         if k not in OPTIMIZER_KEYS:
             raise ValueError(f"{source}: optimizer-dict[{key!r}] has unknown key {k!r}; allowed: "
                              f"{', '.join(sorted(OPTIMIZER_KEYS))}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{source}: optimizer-dict[{key!r}][{k!r}] must be a finite number >= 0, "
-                             f"got {v!r}")
-        if OPTIMIZER_KEYS[k] is not None:
-            out[OPTIMIZER_KEYS[k]] = float(v)
+        name = OPTIMIZER_KEYS[k]
+        if name is None:  # scheduler-step: the original's, ignored (cosine decay)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{source}: optimizer-dict[{key!r}][{k!r}] must be a finite number >= 0, "
+                                 f"got {v!r}")
+        else:
+            check_hyperparam(name, v, f"{source}: optimizer-dict[{key!r}][{k!r}]")
+            out[name] = float(v)
     return out

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import optim
+from ..optim import check_hyperparam
 from ..amp import MixedPrecision, check_compute_dtype
 from ..conversion import conversion_report, convert, load_precision_state, precision_state
 from . import checkpoint as ckpt
@@ -53,9 +54,10 @@ class TrainConfig:
         if self.epochs < 1:
             raise ValueError(f"--training-epochs must be >= 1, got {self.epochs}")
         check_compute_dtype(self.compute_dtype)
-        for what, v in (("--optim-lr", self.lr), ("--optim-momentum", self.momentum),
-                        ("--optim-weight-decay", self.weight_decay), ("--warmup-epochs", self.warmup_epochs),
-                        ("--save-interval", self.save_interval)):
+        for name, flag in (("lr", "--optim-lr"), ("momentum", "--optim-momentum"),
+                           ("weight_decay", "--optim-weight-decay")):
+            check_hyperparam(name, getattr(self, name), flag)
+        for what, v in (("--warmup-epochs", self.warmup_epochs), ("--save-interval", self.save_interval)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
         if self.warmup_epochs > self.epochs:

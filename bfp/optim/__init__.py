@@ -7,11 +7,36 @@ which keeps the Parameter objects). ``config`` is the run's ``TrainConfig``
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 import torch
 
 from .lars import LARS, lars  # noqa: F401  (layer-wise adaptive rate scaling)
+
+_F32_MAX = float(torch.finfo(torch.float32).max)  # torch turns lr and weight decay into float32 scalars
+
+
+def _f32(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= _F32_MAX
+
+
+#: What each optimizer setting may be: name -> (test, what is allowed). One table for the
+#: TrainConfig, conf_train optimizer-dict entries and the command line.
+HYPERPARAMS = {
+    "lr": (_f32, "a number in [0, 3.4e38] (float32's range)"),
+    "momentum": (lambda v: _f32(v) and v <= 1, "a number in [0, 1]"),
+    "weight_decay": (_f32, "a number in [0, 3.4e38] (float32's range)"),
+}
+
+
+def check_hyperparam(name: str, value: Any, label: str = "") -> None:
+    """ValueError naming ``label`` (default ``name``), the value and what is allowed, if
+    ``value`` is not an allowed ``name`` (``HYPERPARAMS``)."""
+    ok, allowed = HYPERPARAMS[name]
+    if not ok(value):
+        raise ValueError(f"{label or name} must be {allowed}, got {value!r}")
+
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], Any], torch.optim.Optimizer]
 
