@@ -134,3 +134,35 @@ def test_checkpoints_carry_crcs_even_where_torch_turned_them_off(tmp_path):
     _flip_100_bytes(path)
     with pytest.raises(ckpt.CheckpointError, match="does not match its CRC-32"):
         ckpt.load(path)
+
+
+def _files(run):
+    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("epoch, step", [(-1, 8), (99, 8), (1, -5), (0, 4)])
+def test_a_checkpoint_with_impossible_counters_is_refused_and_nothing_is_overwritten(
+        run_of_two_epochs, tiny_args, capsys, epoch, step):
+    run, _ = run_of_two_epochs
+    _edit(run / "checkpoints" / "last.pt", lambda s: s.update(epoch=epoch, global_step=step))
+    before = _files(run)
+    assert main([*tiny_args(), "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint says {epoch} epoch(s) and {step} step(s) are done, impossible for a run of 2" in err
+    assert "Traceback" not in err and _files(run) == before
+
+
+def test_the_process_layout_is_saved_and_another_one_is_refused_on_resume(run_of_two_epochs, tiny_args, capsys):
+    run, _ = run_of_two_epochs
+    assert ckpt.load(run / "checkpoints" / "last.pt")["extra"]["world"] == \
+        {"processes": 1, "emulate_node": 1, "workers": 1}
+    # as a 2-process run's checkpoint says it (resumed here by one process)
+    _edit(run / "checkpoints" / "epoch_001.pt",
+          lambda s: s["extra"]["world"].update(processes=2, workers=2))
+    (run / "checkpoints" / "last.pt").unlink()
+    before = _files(run)
+    assert main([*tiny_args(), "--resume", str(run / "checkpoints" / "epoch_001.pt")]) == 2
+    err = capsys.readouterr().err
+    assert ("started with 2 process(es) x --emulate-node 1 = 2 workers; this resume has 1 process(es) x "
+            "--emulate-node 1 = 1") in err and "torchrun --nproc-per-node 2" in err
+    assert _files(run) == before

@@ -51,8 +51,44 @@ def check_data(args: argparse.Namespace, path: Path, state: dict[str, Any], data
     return f"warning: {msg}; continuing as --resume-allow-data-change asks"
 
 
+def check_world(path: Path, state: dict[str, Any], processes: int, emulate_node: int) -> Optional[str]:
+    """Refuse to resume with another process count or worker count than the run was started with
+    (each worker's micro-batch, hence every gradient, would change); returns a log line for a
+    checkpoint that predates the record."""
+    saved = state.get("extra", {}).get("world")
+    if not isinstance(saved, dict):
+        return (f"--resume {path}: this checkpoint records no process count (written before bfpsim kept "
+                f"one); resume it with the processes it was started with")
+    was = (saved.get("processes"), saved.get("emulate_node"))
+    if was != (processes, emulate_node):
+        raise UsageError(
+            f"--resume {path}: the run was started with {was[0]} process(es) x --emulate-node {was[1]} = "
+            f"{saved.get('workers')} workers; this resume has {processes} process(es) x --emulate-node "
+            f"{emulate_node} = {processes * emulate_node}. Another split changes every micro-batch and "
+            f"gradient, so it would not continue the same run: resume with {was[0]} process(es) "
+            f"(torchrun --nproc-per-node {was[0]}, or no launcher for 1)")
+    return None
+
+
+def check_counters(path: Path, state: dict[str, Any], epochs: int) -> None:
+    """Refuse impossible saved counters (an edited or foreign file) before they can
+    overwrite ``epoch_NNN.pt`` or ``best.pt`` of real epochs."""
+    try:
+        epoch, step = int(state["epoch"]), int(state["global_step"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"--resume {path}: the checkpoint's epoch/step counters cannot be read "
+                         f"({type(e).__name__}: {e})") from None
+    if not 0 <= epoch <= epochs or step < 0 or (epoch == 0) != (step == 0):
+        raise UsageError(f"--resume {path}: the checkpoint says {epoch} epoch(s) and {step} step(s) are done, "
+                         f"impossible for a run of {epochs} epochs (0..{epochs} epochs, steps >= 0, none "
+                         f"before the first epoch ends); the file was edited or damaged. Nothing was "
+                         f"written; resume from another checkpoint of the run (epoch_NNN.pt, best.pt)")
+
+
 def load_state(trainer, state: dict[str, Any], path: Path) -> None:
-    """``trainer.load_state_dict(state)``; a state that does not fit the model is a usage error."""
+    """``trainer.load_state_dict(state)``; a state that does not fit the model, or impossible
+    counters, are usage errors."""
+    check_counters(path, state, trainer.epochs)
     try:
         trainer.load_state_dict(state)
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:

@@ -30,7 +30,7 @@ from ..optim import check_hyperparam
 from .amp_flags import amp_callbacks, make_amp
 from .dist_run import distributed_setup
 from .flags import UsageError
-from .resume_checks import check_data, load_state, remove_stale_temps
+from .resume_checks import check_data, check_world, load_state, remove_stale_temps
 from .tasks import Task
 from .train_config import resume_checkpoint
 
@@ -175,6 +175,8 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     dist = distributed_setup(args, device)  # process group, device, step strategy, optimizer
     device = dist.device
     resume_path, state = resume_checkpoint(args)
+    world_note = check_world(resume_path, state, dist.env.world_size, args.emulate_node) \
+        if state is not None else None
     seed_everything(args.seed)
     data = load_data(args, device, task, dist.shard)
     data_note = check_data(args, resume_path, state, data) if state is not None else None
@@ -211,11 +213,14 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
                           network_config=initial, name=args.model, optimizer_factory=dist.optimizer_factory,
                           amp=make_amp(args, config.compute_dtype, device.type), step=dist.step,
                           extra_state={"args": public_args, "plan": plan.to_json(),
-                                       "run_dir": str(run_dir) if run_dir else None, "data": data.fingerprint})
+                                       "run_dir": str(run_dir) if run_dir else None, "data": data.fingerprint,
+                                       "world": {"processes": dist.env.world_size, "emulate_node": args.emulate_node,
+                                                 "workers": dist.env.world_size * args.emulate_node}})
         if state is not None:
             remove_stale_temps(log.run_dir, log)
-            if data_note:
-                log(data_note)
+            for note in (world_note, data_note):
+                if note:
+                    log(note)
             load_state(trainer, state, resume_path)
             log(f"{args.resume}: the run already finished its {trainer.epochs} epochs; nothing to do"
                 if trainer.epoch >= trainer.epochs else
