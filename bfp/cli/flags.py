@@ -124,6 +124,10 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="compute dtype: fp16 (autocast; dynamic loss scaling unless --loss-scale says otherwise) "
                         "or bf16 (autocast); weights stay float32. Independent of --bfp, which simulates formats")
     g.add_argument("--seed", type=int, default=0, help="seeds model init, data order and augmentation")
+    g.add_argument("--stop-nonfinite", type=int, default=1, metavar="N",
+                   help="stop (exit status 3) after N epochs in a row whose weights, or loss without loss "
+                        "scaling, are NaN/Inf; such epochs are never saved, so checkpoints/last.pt keeps the "
+                        "last finite one (0: never stop)")
     add_amp_flags(p)
 
     g = p.add_argument_group("dynamic precision (bfp.dynamic)")

@@ -11,6 +11,7 @@ import sys
 from typing import Optional, Sequence
 
 from ..engine.checkpoint import CheckpointError
+from ..engine.trainer import NonFiniteTraining
 from . import plot
 from .compare import compare
 from .evaluate import evaluate
@@ -51,6 +52,9 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
     except (UsageError, CheckpointError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteTraining as e:  # the run diverged; its last finite checkpoint is kept
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -273,7 +273,8 @@ def train_config(args: argparse.Namespace, plan: EpochPlan, device: torch.device
                            weight_decay=args.optim_weight_decay, warmup_epochs=args.warmup_epochs,
                            compute_dtype=args.compute_dtype, label_smoothing=args.label_smoothing,
                            save_interval=args.save_interval, histograms=args.histograms,
-                           progress=args.progress, lr_schedule=getattr(args, "lr_schedule", "cosine"))
+                           progress=args.progress, lr_schedule=getattr(args, "lr_schedule", "cosine"),
+                           nonfinite_epochs=args.stop_nonfinite)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -35,6 +35,10 @@ from .schedule import EpochPlan
 from .step import PlainStep
 
 
+class NonFiniteTraining(RuntimeError):
+    """Training stopped: weights or the loss stayed NaN/Inf for ``TrainConfig.nonfinite_epochs`` epochs."""
+
+
 @dataclass
 class TrainConfig:
     epochs: int = 200
@@ -49,6 +53,7 @@ class TrainConfig:
     histograms: bool = False       # weight histograms in TensorBoard each epoch
     progress: bool = True          # tqdm bar
     lr_schedule: str = "cosine"    # cosine, or thirds: 10x lower at each third of epochs (bfp.engine.lr_thirds)
+    nonfinite_epochs: int = 1      # stop after this many non-finite epochs in a row (0: never stop)
 
     def __post_init__(self):
         if self.epochs < 1:
@@ -60,6 +65,9 @@ class TrainConfig:
         for what, v in (("--warmup-epochs", self.warmup_epochs), ("--save-interval", self.save_interval)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
+        if isinstance(self.nonfinite_epochs, bool) or not isinstance(self.nonfinite_epochs, int) \
+                or self.nonfinite_epochs < 0:
+            raise ValueError(f"--stop-nonfinite must be an integer >= 0 (0: never stop), got {self.nonfinite_epochs!r}")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --training-epochs {self.epochs}")
         if self.lr_schedule not in SCHEDULES:
@@ -116,6 +124,7 @@ class Trainer:
         self.plan = plan or EpochPlan()
         self.network_config = network_config
         self.extra_state = extra_state or {}
+        self._bad_epochs = 0  # non-finite epochs in a row (_stop_or_warn)
         self.name = name
         self.epoch = 0          # epoch being trained (0-based); == epochs when done
         self.global_step = 0    # optimizer steps taken
@@ -196,16 +205,48 @@ class Trainer:
                 self.callbacks.call("on_epoch_start", self, epoch)
                 metrics = self.train_epoch(epoch)
                 metrics.update(self.evaluate())
-                self.best_acc = max(self.best_acc, metrics["test_acc1"])
+                bad = self._nonfinite(metrics)
+                if not bad:
+                    self.best_acc = max(self.best_acc, metrics["test_acc1"])
                 self.callbacks.call("on_epoch_end", self, epoch, metrics)
                 self._record(epoch, metrics)
                 self.epoch = epoch + 1
-                self._save(epoch, metrics)
+                if bad:
+                    self._stop_or_warn(epoch, bad)
+                else:
+                    self._bad_epochs = 0
+                    self._save(epoch, metrics)
             self.callbacks.call("on_train_end", self)
         except BaseException as e:
             self.callbacks.call("on_exception", self, e)
             raise
         return self.history
+
+    def _nonfinite(self, metrics: dict[str, float]) -> str:
+        """What is not finite after an epoch ('' if nothing): the weights or BatchNorm statistics,
+        or, without loss scaling (which skips such steps), the training loss."""
+        for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"{name} holds NaN or Inf"
+        if not self.amp.scaler.is_enabled() and not math.isfinite(metrics["train_loss"]):
+            return f"the training loss is {metrics['train_loss']}"
+        return ""
+
+    def _stop_or_warn(self, epoch: int, what: str) -> None:
+        """A non-finite epoch is never saved (the checkpoints keep the last finite one); after
+        ``cfg.nonfinite_epochs`` of them in a row the run stops with ``NonFiniteTraining``."""
+        self._bad_epochs += 1
+        good = epoch - self._bad_epochs + 1  # the last finite epoch (0: none)
+        kept = ("no checkpoints are written" if self.checkpoint_dir is None else
+                f"checkpoints/last.pt keeps epoch {good}" if good else "no epoch was finite, none is saved")
+        line = f"epoch {epoch + 1}: {what}; this epoch is not saved ({kept})"
+        limit = self.cfg.nonfinite_epochs
+        if limit and self._bad_epochs >= limit:
+            raise NonFiniteTraining(f"{line}. Stopped after {self._bad_epochs} non-finite epoch(s) in a row "
+                                    f"(--stop-nonfinite {limit}): the run diverged. Start again with a lower "
+                                    f"--optim-lr, loss scaling (--loss-scale dynamic) or wider formats; "
+                                    f"--resume continues from the last finite checkpoint")
+        self.log(f"warning: {line}")
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()  # evaluate() left it in eval mode
@@ -234,8 +275,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
-        if not math.isfinite(loss_sum.item()):
-            self.log(f"warning: epoch {epoch + 1} training loss is not finite")
         acc = (100.0 * correct.double() / max(1, n_seen)).tolist()
         return {"train_loss": loss_sum.item() / max(1, n_seen), "train_acc1": acc[0], "train_acc5": acc[1],
                 "lr": self.schedule.get_last_lr()[0], "images_per_s": n_seen / max(dt, 1e-9),
