@@ -166,3 +166,22 @@ def test_the_process_layout_is_saved_and_another_one_is_refused_on_resume(run_of
     assert ("started with 2 process(es) x --emulate-node 1 = 2 workers; this resume has 1 process(es) x "
             "--emulate-node 1 = 1") in err and "torchrun --nproc-per-node 2" in err
     assert _files(run) == before
+
+
+@pytest.mark.parametrize("name", ["log.txt", "metrics.jsonl"])
+def test_a_full_disk_at_a_log_write_is_a_clear_exit_and_keeps_the_checkpoints(tiny_args, tmp_path, capsys, name):
+    args = tiny_args("--training-epochs", "2", "--save", "True", "--save-interval", "1", "--log", "True",
+                     "--run-name", "full")
+    assert main(args) == 0
+    run = tmp_path / "runs" / "full"
+    (run / "checkpoints" / "last.pt").unlink()
+    (run / name).unlink()
+    (run / name).symlink_to("/dev/full")  # every write there fails with ENOSPC
+    before = _files(run / "checkpoints")
+    capsys.readouterr()
+    assert main([*tiny_args(), "--resume", str(run / "checkpoints" / "epoch_001.pt"), "--log", "True"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {run / name}: No space left on device" in err and "--resume" in err
+    assert "Traceback" not in err
+    now = _files(run / "checkpoints")
+    assert all(now[k] == v for k, v in before.items())  # epoch 2 may be rewritten, nothing is lost

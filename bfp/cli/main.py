@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Optional, Sequence
 
@@ -20,6 +21,10 @@ from .generate import generate_config
 from .run import check_args, train
 from .tasks import TASKS, get_task
 from .train_config import apply_resume, parse_args
+
+
+# A write refused by the disk or the file system (full, read-only, quota, permissions).
+WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EIO}
 
 
 def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
@@ -51,6 +56,13 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         return 0
     except (UsageError, CheckpointError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS or not e.filename:
+            raise
+        print(f"{prog}: error: cannot write {e.filename}: {e.strerror}. What the run saved before is kept "
+              f"(each checkpoint is written whole or not at all); free space or fix the permissions, then "
+              f"continue with --resume <run directory>", file=sys.stderr)
         return 2
     except NonFiniteTraining as e:  # the run diverged; its last finite checkpoint is kept
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -10,6 +10,7 @@ Layout of ``runs/<name>/``::
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -84,13 +85,27 @@ class RunLog:
         tqdm.write(msg, file=self.stream)  # keeps an open progress bar intact
         if self._file is not None:
             stamp = _dt.datetime.now().isoformat(timespec="seconds")
-            for line in msg.splitlines() or [""]:
-                self._file.write(f"{stamp} {line}\n")
-            self._file.flush()
+            with self._writing("log.txt"):
+                for line in msg.splitlines() or [""]:
+                    self._file.write(f"{stamp} {line}\n")
+                self._file.flush()
+
+    @contextlib.contextmanager
+    def _writing(self, name: str):
+        """An ``OSError`` of a write (disk full, read-only, quota) names the file; ``log.txt`` is
+        then closed so the messages that follow are printed only, never half-written."""
+        try:
+            yield
+        except OSError as e:
+            if name == "log.txt" and self._file is not None:
+                f, self._file = self._file, None
+                with contextlib.suppress(OSError):
+                    f.close()
+            raise OSError(e.errno, e.strerror, str(self.run_dir / name)) from None
 
     def metrics(self, record: dict[str, Any]) -> None:
         if self.run_dir is not None:
-            with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            with self._writing("metrics.jsonl"), open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
 
     def write_json(self, name: str, obj: Any) -> Path:
@@ -98,7 +113,7 @@ class RunLog:
         if self.run_dir is None:
             raise RuntimeError(f"cannot write {name}: this run has no run directory")
         path = self.run_dir / name
-        with atomic_file(path, "w", encoding="utf-8") as f:
+        with self._writing(name), atomic_file(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(redact_json(obj, self._pattern), indent=2) + "\n")
         return path
 
@@ -107,8 +122,9 @@ class RunLog:
             self.writer.close()
             self.writer = None
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            with self._writing("log.txt"):
+                f, self._file = self._file, None
+                f.close()
 
 
 def read_metrics(run_dir: os.PathLike) -> list[dict[str, Any]]:
