@@ -93,6 +93,41 @@ def test_pretrained_weights_only_from_disk(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert f"pretrained: {len(weights) - 2} tensors from {tmp_path / 'w.pth'}; kept initialised (shape differs " \
            "or absent): fc.bias, fc.weight" in out and "top-1 " in out
+    assert "; CRC-32 of every member checked" in out
+
+
+def test_pretrained_files_that_are_damaged_malicious_or_a_directory_are_refused_clearly(tmp_path, capsys):
+    make_tree(tmp_path / "t", bad=False)
+    import os
+    import torchvision
+    weights = torchvision.models.resnet18(num_classes=1000).state_dict()
+    torch.save(weights, tmp_path / "w.pth")
+    raw = bytearray((tmp_path / "w.pth").read_bytes())
+    for i in range(len(raw) // 2, len(raw) // 2 + 64):   # bits flipped inside a tensor's bytes
+        raw[i] ^= 0xFF
+    (tmp_path / "flipped.pth").write_bytes(bytes(raw))
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo owned",))
+    torch.save({"x": Evil()}, tmp_path / "evil.pth")
+    (tmp_path / "adir").mkdir()
+    for name, said in (("flipped.pth", "does not match its CRC-32"), ("evil.pth", "holds Python objects"),
+                       ("adir", "is a directory; give the weights file")):
+        assert run_task("imagenet", quick(tmp_path / "t", tmp_path / "runs", "--pretrained",
+                                          str(tmp_path / name), "-e")) == 2
+        err = capsys.readouterr().err
+        assert said in err and name in err and "Traceback" not in err, err
+        assert "weights_only=False will likely succeed" not in err and "not on disk" not in err
+    # a file written without CRC-32s loads, and says it could not be checked
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save(weights, tmp_path / "nocrc.pth")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert run_task("imagenet", quick(tmp_path / "t", tmp_path / "runs", "--pretrained",
+                                      str(tmp_path / "nocrc.pth"), "-e")) == 0
+    assert "not integrity-checked: the file was written with its CRC-32s turned off" in capsys.readouterr().out
 
 
 def test_train_with_bfp_and_do_skipping_bad_images_then_resume_and_evaluate(tmp_path, capsys):

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..dynamic import parse_spec
+from ..engine import checkpoint as ckpt
 from ..engine.callbacks import Callback
 from ..engine.imagenet_data import load_imagenet
 from ..models import torchvision_models as tv
@@ -85,7 +86,12 @@ class ImagenetHooks:
     def make_model(self, args: argparse.Namespace, num_classes: int) -> nn.Module:
         model = tv.create(args.model, num_classes)
         if args.pretrained:
-            print(tv.load_pretrained(model, args.model, None if args.pretrained == "default" else args.pretrained))
+            file = tv.pretrained_file(args.model, None if args.pretrained == "default" else args.pretrained)
+            try:
+                state, note = ckpt.read_weights(file)
+            except ckpt.CheckpointError as e:
+                raise ValueError(f"--pretrained {e}") from None
+            print(tv.apply_pretrained(model, args.model, state, file) + note)
         return model
 
     def load_data(self, args: argparse.Namespace, device: torch.device, shard: tuple[int, int, int]):

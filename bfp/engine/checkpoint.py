@@ -140,6 +140,34 @@ def _unpickling_refused(e: Exception) -> Optional[str]:
     return lines[0].strip() if lines else "an object that is not a tensor or plain value"
 
 
+def read_weights(path: os.PathLike | str) -> tuple[Any, str]:
+    """A weights file not written by bfpsim (``--pretrained``): ``(object, note)``, loaded with
+    ``weights_only=True`` after the CRC-32 check where the file carries CRCs; ``note`` says
+    when it cannot be checked (torch's legacy non-zip format, or CRCs turned off)."""
+    path = Path(path)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            crcs = [i.CRC for i in z.infolist() if i.file_size]
+        if crcs and not any(crcs):
+            note = "; not integrity-checked: the file was written with its CRC-32s turned off"
+        else:
+            verify(path)
+            note = "; CRC-32 of every member checked"
+    else:
+        note = "; not integrity-checked: torch's legacy (non-zip) format carries no checksums"
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), note
+    except Exception as e:
+        refused = _unpickling_refused(e)
+        if refused is not None:
+            raise CheckpointError(f"{str(path)!r} holds Python objects that loading would have to execute "
+                                  f"({refused}); bfpsim loads only tensors and plain values. Never load a "
+                                  f"file you do not trust with weights_only=False: unpickling runs arbitrary "
+                                  f"code.") from None
+        raise CheckpointError(f"{str(path)!r} is not a loadable state_dict ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
 def load(path: os.PathLike | str, map_location: Any = "cpu") -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():

@@ -1,7 +1,8 @@
 """torchvision's ImageNet classifiers for ``imagenet.py``, and the preset names they answer to.
 
 ``create(arch, num_classes)`` builds ``torchvision.models.<arch>`` untrained;
-``load_pretrained`` fills it from weights already on disk (never a download).
+``pretrained_file`` finds weights already on disk (never a download) and
+``apply_pretrained`` fills a model from them (read by ``bfp.engine.checkpoint.read_weights``).
 
 The seed's network configs (``conf_net/ResNet18_FB12LG24.json``) name the
 CIFAR ResNet's layers: ``net.conv1``, ``net.layer2.0.shortcut.0``,
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -73,23 +74,28 @@ def default_weights_file(arch: str) -> Optional[Path]:
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
 
 
-def load_pretrained(model: nn.Module, arch: str, path: Optional[str] = None) -> str:
-    """Load weights from ``path`` (default: ``default_weights_file(arch)``) into ``model``.
+def pretrained_file(arch: str, path: Optional[str] = None) -> Path:
+    """The weights file of ``--pretrained``: ``path``, or ``default_weights_file(arch)``.
 
     Never downloads: a missing file is a ``FileNotFoundError`` saying where to put
-    it. Tensors whose shape differs (a classifier for another class count) keep
-    their initialisation. Returns a one-line summary of what was loaded."""
+    it; a directory is named as one."""
     file = Path(path) if path else default_weights_file(arch)
     if file is None:
         raise FileNotFoundError(f"--pretrained: torchvision has no default weights for {arch}; "
                                 f"give --pretrained PATH to a state_dict file")
+    if file.is_dir():
+        raise FileNotFoundError(f"--pretrained {file}: is a directory; give the weights file (a .pth/.pt "
+                                f"state_dict) inside it")
     if not file.is_file():
         raise FileNotFoundError(f"--pretrained: {file} is not on disk and is never downloaded here; copy "
                                 f"the weights file there (or give --pretrained PATH)")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # not a torch file, or holds more than tensors
-        raise ValueError(f"--pretrained {file}: not a loadable state_dict ({type(e).__name__}: {e})") from None
+    return file
+
+
+def apply_pretrained(model: nn.Module, arch: str, state: Any, file: Path) -> str:
+    """Copy the tensors of ``state`` (a state_dict, or a bfpsim checkpoint's, read from ``file``)
+    into ``model``. Tensors whose shape differs (a classifier for another class count) keep
+    their initialisation. Returns a one-line summary of what was loaded."""
     if isinstance(state, dict) and isinstance(state.get("model"), dict):  # a bfpsim checkpoint
         state = state["model"]
     own = model.state_dict()
