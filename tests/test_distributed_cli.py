@@ -68,6 +68,11 @@ def _no_launcher(monkeypatch):
     (["--grad-exp", "4"], {}, "--grad-exp and --grad-man go together"),
     (["--grad-format", "e4m3", "--grad-man", "3"], {}, "give either --grad-format or --grad-exp/--grad-man"),
     (["--grad-format", "e9m9"], {}, "--grad-format e9m9: unknown format name"),
+    ([], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "abc"},
+     "MASTER_PORT='abc' is not a port number: allowed an integer in 1..65535"),
+    ([], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "99999"}, "MASTER_PORT='99999'"),
+    ([], {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "-1"}, "MASTER_PORT='-1'"),
+    (["--dist-timeout", "0"], {}, "--dist-timeout must be a number of seconds > 0, got 0.0"),
 ])
 def test_bad_distributed_input_is_a_usage_error(tiny_args, monkeypatch, capsys, flags, env, message):
     _no_launcher(monkeypatch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..distributed.env import DEFAULT_TIMEOUT_S
 from ..distributed.reduce import DIVIDE, ORDERS
 from ..optim.lars import DEFAULT_TRUST
 
@@ -44,6 +45,9 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
                    help="LARS optimizer (layer-wise adaptive rate scaling) instead of SGD")
     g.add_argument("--lars-trust", type=float, default=DEFAULT_TRUST, metavar="ETA",
                    help="LARS trust coefficient")
+    g.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help="how long a process waits to join the process group, and for any collective, "
+                        "before it stops with an error naming the address (a dead or frozen peer)")
     g.add_argument("--emulate-node", "--emulate_node", dest="emulate_node", type=int, default=1, metavar="N",
                    help="emulate N workers per process: each batch is cut into N micro-batches whose "
                         "gradients go through the same rounded reduction")

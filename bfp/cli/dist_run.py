@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -87,7 +88,12 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
                          f"{workers} workers ({e.world_size} process(es) x --emulate-node {args.emulate_node})")
     fmt = grad_format(args)
     device = dist_env.device_for(e, device)
-    dist_env.init(e, device)
+    if not (math.isfinite(args.dist_timeout) and args.dist_timeout > 0):
+        raise UsageError(f"--dist-timeout must be a number of seconds > 0, got {args.dist_timeout}")
+    try:
+        dist_env.init(e, device, args.dist_timeout)
+    except dist_env.DistEnvError as err:
+        raise UsageError(str(err)) from None
     rounded = fmt is not None or args.use_aps or args.use_kahan
     reduce = RoundedReduce(fmt, order=args.grad_order, aps=args.use_aps, kahan=args.use_kahan,
                            average=args.grad_reduce == "mean", divide=args.grad_divide) \

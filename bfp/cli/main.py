@@ -27,6 +27,24 @@ from .train_config import apply_resume, parse_args
 WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EIO}
 
 
+def peer_failure(e: BaseException) -> Optional[str]:
+    """The message for a collective that failed because another process died, froze or became
+    unreachable (gloo/NCCL errors, --dist-timeout expiring); None for any other error."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    text = str(e)
+    if not (isinstance(e, getattr(dist, "DistError", ())) or any(
+            k in text for k in ("gloo", "NCCL", "Connection reset by peer", "Connection closed by peer",
+                                "Timed out", "timed out"))):
+        return None
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    return (f"rank {dist.get_rank()} of {dist.get_world_size()}: a collective failed ({first[:300]}). Another "
+            f"process died, was stopped or cannot be reached, or waited longer than --dist-timeout; every rank "
+            f"stops. Checkpoints of finished epochs are kept: continue with --resume <run directory> and the "
+            f"same number of processes")
+
+
 def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
     """Parse ``argv`` as the task's script does and run it; returns the exit status."""
     task = get_task(task_name)
@@ -64,6 +82,12 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
               f"(each checkpoint is written whole or not at all); free space or fix the permissions, then "
               f"continue with --resume <run directory>", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        failed = peer_failure(e)
+        if failed is None:
+            raise
+        print(f"{prog}: error: {failed}", file=sys.stderr)
+        return 4
     except NonFiniteTraining as e:  # the run diverged; its last finite checkpoint is kept
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 3

@@ -9,8 +9,14 @@ Read in this order (the first complete set wins):
   with ``MASTER_ADDR`` (and ``MASTER_PORT``, default 29500) exported by the
   job script, as CPD read them.
 
-A world size of 1 (or no such variables: a plain ``python cifar.py``) is a
-single process and no process group is made. The backend is ``nccl`` on
+``MASTER_PORT`` must be an integer in 1..65535 (an error names the variable
+otherwise). A world size of 1 (or no such variables: a plain ``python cifar.py``) is a
+single process and no process group is made.
+
+Every process group has a timeout (``init(..., timeout_s=)``, ``--dist-timeout``,
+default ``DEFAULT_TIMEOUT_S``): joining it and every collective (gloo) fail
+after that long instead of hanging, and while a process waits to join it prints
+every ``WAIT_NOTE_S`` seconds which address and how many processes it awaits. The backend is ``nccl`` on
 CUDA and ``gloo`` on the CPU, unless ``BFP_DIST_BACKEND`` names another.
 Each process uses ``cuda:LOCAL_RANK`` on GPUs (missing ``LOCAL_RANK``:
 ``RANK`` modulo the GPU count).
@@ -18,7 +24,10 @@ Each process uses ``cuda:LOCAL_RANK`` on GPUs (missing ``LOCAL_RANK``:
 from __future__ import annotations
 
 import atexit
+import datetime
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -26,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_PORT = "29500"
+DEFAULT_TIMEOUT_S = 300.0
+WAIT_NOTE_S = 10.0
 
 
 class DistEnvError(ValueError):
@@ -77,7 +88,18 @@ def read_env(env: Optional[Mapping[str, str]] = None) -> DistEnv:
     if local is None:
         n_gpu = torch.cuda.device_count()
         local = rank % n_gpu if n_gpu else 0
-    return DistEnv(rank, world, local, addr, env.get("MASTER_PORT", DEFAULT_PORT), source)
+    return DistEnv(rank, world, local, addr, _port(env.get("MASTER_PORT", DEFAULT_PORT)), source)
+
+
+def _port(text: str) -> str:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535 or str(text).strip() != str(port):
+        raise DistEnvError(f"MASTER_PORT={text!r} is not a port number: allowed an integer in 1..65535 "
+                           f"(the port rank 0 listens on; default {DEFAULT_PORT})")
+    return str(port)
 
 
 def backend_for(device: torch.device) -> str:
@@ -92,16 +114,40 @@ def device_for(e: DistEnv, device: torch.device) -> torch.device:
     return device
 
 
-def init(e: DistEnv, device: torch.device) -> None:
-    """Join the process group of ``e`` (once per process; later calls do nothing)."""
+def init(e: DistEnv, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Join the process group of ``e`` (once per process; later calls do nothing). Joining and
+    every collective fail after ``timeout_s`` seconds (``DistEnvError`` for the join)."""
     if not e.distributed or dist.is_initialized():
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
     os.environ.setdefault("MASTER_ADDR", e.master_addr)
     os.environ.setdefault("MASTER_PORT", e.master_port)
-    dist.init_process_group(backend_for(device), rank=e.rank, world_size=e.world_size)
+    where = f"{e.master_addr}:{e.master_port}"
+    waiting = threading.Event()
+    note = threading.Thread(target=_wait_notes, args=(waiting, e, where), daemon=True)
+    note.start()
+    try:
+        dist.init_process_group(backend_for(device), rank=e.rank, world_size=e.world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as err:  # DistStoreError, DistNetworkError: RuntimeErrors
+        why = str(err).splitlines()[0].rstrip(".") if str(err) else type(err).__name__
+        raise DistEnvError(f"rank {e.rank}: could not join the {e.world_size}-process group at {where} within "
+                           f"{timeout_s:g} s (--dist-timeout): {why}. "
+                           f"Is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same for every process?"
+                           ) from None
+    finally:
+        waiting.set()
     atexit.register(shutdown)
+
+
+def _wait_notes(done: threading.Event, e: DistEnv, where: str) -> None:
+    t = 0.0
+    while not done.wait(WAIT_NOTE_S):
+        t += WAIT_NOTE_S
+        print(f"rank {e.rank}: waiting {t:.0f} s for the {e.world_size}-process group at {where} "
+              f"({'listening for the other ranks' if e.rank == 0 else 'connecting to rank 0'})",
+              file=sys.stderr, flush=True)
 
 
 def shutdown() -> None:

@@ -1,0 +1,71 @@
+"""A distributed run never hangs without a word: an unreachable rank 0, a peer killed or frozen
+mid-training each end every remaining rank within --dist-timeout with a message naming the
+address or the failed collective, and a non-zero exit."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["-d", "digits", "-m", "ResNet10", "--model-opt", "width=4", "--batch-size-train", "32",
+        "--progress", "False", "--threads", "1", "--num-workers", "0", "--device", "cpu"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, *flags) -> subprocess.Popen:
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    return subprocess.Popen([sys.executable, str(ROOT / "cifar.py"), *TINY, *flags], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_an_unreachable_rank_0_ends_with_the_address_after_the_timeout():
+    port = _free_port()
+    p = _rank(1, port, "--training-epochs", "1", "--dist-timeout", "3")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2, out
+    assert f"rank 1: could not join the 2-process group at 127.0.0.1:{port} within 3 s (--dist-timeout)" in out
+    assert "Traceback" not in out
+
+
+def _peer_fails(sig) -> tuple[int, str, float]:
+    port = _free_port()
+    ps = [_rank(r, port, "--training-epochs", "40", "--dist-timeout", "10") for r in (0, 1)]
+    try:
+        lines = []
+        for line in ps[0].stdout:  # rank 0 prints; wait until training runs
+            lines.append(line)
+            if line.startswith("epoch 1/40"):
+                break
+        assert any(x.startswith("epoch 1/40") for x in lines), "".join(lines)
+        t = time.monotonic()
+        os.kill(ps[1].pid, sig)
+        rest, _ = ps[0].communicate(timeout=180)
+        return ps[0].returncode, rest, time.monotonic() - t
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+
+
+def test_a_killed_peer_ends_the_other_rank_with_a_clear_message():
+    rc, out, _ = _peer_fails(signal.SIGKILL)
+    assert rc == 4, out
+    assert "cifar.py: error: rank 0 of 2: a collective failed" in out and "--resume" in out
+    assert "Traceback" not in out
+
+
+def test_a_frozen_peer_ends_the_other_rank_after_the_timeout():
+    rc, out, waited = _peer_fails(signal.SIGSTOP)
+    assert rc == 4, out
+    assert "cifar.py: error: rank 0 of 2: a collective failed" in out and "Timed out" in out
+    assert "Traceback" not in out and waited < 120
