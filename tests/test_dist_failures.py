@@ -69,3 +69,17 @@ def test_a_frozen_peer_ends_the_other_rank_after_the_timeout():
     assert rc == 4, out
     assert "cifar.py: error: rank 0 of 2: a collective failed" in out and "Timed out" in out
     assert "Traceback" not in out and waited < 120
+
+
+def test_torchrun_passes_flags_after_double_dash_to_the_script(tmp_path):
+    """`torchrun ... cifar.py --log True` is torchrun's ambiguous option; `cifar.py -- --log True` works."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    base = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+            "--master-port", str(_free_port()), str(ROOT / "cifar.py")]
+    flags = [*TINY, "--limit-train-images", "64", "--limit-test-images", "32", "--training-epochs", "1",
+             "--run-dir", str(tmp_path / "runs"), "--run-name", "t", "--log", "True"]
+    bad = subprocess.run([*base, *flags], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "ambiguous option: --log" in bad.stderr
+    good = subprocess.run([*base, "--", *flags], env=env, capture_output=True, text=True, timeout=180)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert (tmp_path / "runs" / "t" / "log.txt").is_file()
