@@ -6,7 +6,10 @@
                                                    directory without its last.pt (to resume an earlier epoch);
                                                    {"task": NAME, "argv": [...]} runs another script (imagenet);
                                                    {"record": DIR} makes every rank save DIR/rank<r>.pt after
-                                                   the next run (``Recorder``: what rank 0's logs cannot show)
+                                                   the next run (``Recorder``: what rank 0's logs cannot show);
+                                                   with "overflow_at": [RANK, STEP] that rank's loss is
+                                                   multiplied by BIG at training step STEP (1-based), so its
+                                                   simulated e5m2 gradients saturate (a local overflow)
 """
 import json
 import shutil
@@ -127,6 +130,9 @@ def hook_case(rank: int, out: Path) -> None:
     torch.save(result, out / f"rank{rank}.pt")
 
 
+BIG = 1e6  # x 1024 (the tests' loss scale): gradients far above e5m2's 57344, finite in float32
+
+
 class Recorder:
     """Per rank, every loss-scaler step (this rank's own overflow flag before the OR over ranks,
     whether it stepped, the scale and the parameters after it) and every dynamic precision
@@ -156,8 +162,15 @@ class Recorder:
         amp_mod._any_rank, amp_mod.LossScaler.step = recording_any_rank, recording_step
         DynamicPrecision.decide = recording_decide
 
-    def start(self, out: str) -> None:
+    def start(self, out: str, overflow_at=None) -> None:
         self.path, self.steps, self.decisions = Path(out) / f"rank{self.rank}.pt", [], []
+        if overflow_at is not None and overflow_at[0] == self.rank:
+            backward, count = MixedPrecision.backward, {"n": 0}
+
+            def saturating_at(mp, loss):  # an overflow of this rank's micro-batch only, at one step
+                count["n"] += 1
+                return backward(mp, loss * BIG if count["n"] == overflow_at[1] else loss)
+            MixedPrecision.backward = saturating_at
 
     def save(self) -> None:
         if self.path is not None:
@@ -178,7 +191,7 @@ def main() -> int:
     recorder = Recorder(e.rank)
     for argv in json.loads(sys.argv[2]):
         if isinstance(argv, dict) and "record" in argv:
-            recorder.start(argv["record"])
+            recorder.start(argv["record"], argv.get("overflow_at"))
             continue
         if isinstance(argv, dict) and "task" in argv:
             task, argv = argv["task"], argv["argv"]

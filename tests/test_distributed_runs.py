@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import bfp.distributed.emulated as emulated
+from bfp.amp import MixedPrecision
 from bfp.cli import cifar as main
 from bfp.cli import run_task
 from bfp.dynamic import read_log
@@ -19,6 +20,7 @@ from bfp.kernels import quantize
 from bfp.optim.lars import LARS
 from image_tree import make_tree
 from test_distributed import launch
+from _dist_worker import BIG
 
 
 def last(run_dir):
@@ -59,25 +61,31 @@ def test_do_decides_on_zse_summed_over_ranks_as_one_process_emulating_two_worker
     assert_same_model(ddp["model"], emu["model"], "do")
 
 
-def test_an_overflow_on_one_rank_skips_the_step_on_both(tiny_args, tmp_path):
-    # e5m2 gradient points saturate at 57344: at this initial scale the first step overflows in
-    # rank 1's micro-batch only (the recorded local flags check that; on a CPU whose kernels round
-    # otherwise the precondition may not hold, and the test skips, saying so), the second in neither
+def test_an_overflow_on_one_rank_skips_the_step_on_both(tiny_args, tmp_path, monkeypatch):
+    # rank 1's loss is multiplied by BIG at step 1: its simulated e5m2 gradient points saturate (an
+    # overflow in its micro-batch only; the gradients stay finite, so the reduction does not spread it)
     common = ["--training-epochs", "1", "--bfp", "any_fp8_hybrid", "--loss-scale", "dynamic",
-              "--loss-scale-init", "3500000", "--loss-scale-interval", "1", "--save", "True"]
+              "--loss-scale-init", "1024", "--loss-scale-interval", "1", "--save", "True"]
     rec = tmp_path / "rec"
     rec.mkdir()
-    launch(["cifar", json.dumps([{"record": str(rec)}, tiny_args(*common, "--run-name", "ddp")])], timeout=120)
+    launch(["cifar", json.dumps([{"record": str(rec), "overflow_at": [1, 1]}, tiny_args(*common, "--run-name", "ddp")])],
+           timeout=120)
     r0, r1 = recorded(rec)
     local = [(s0["local_overflow"], s1["local_overflow"]) for s0, s1 in zip(r0["steps"], r1["steps"])]
-    if local != [(False, True), (False, False)]:  # the tuned scale depends on this CPU's conv kernels
-        pytest.skip(f"the initial scale 3.5e6 did not make rank 1 alone overflow at step 1 here: {local}")
+    assert local == [(False, True), (False, False)]
     for s0, s1 in zip(r0["steps"], r1["steps"]):
         assert s0["stepped"] == s1["stepped"] and s0["scale"] == s1["scale"]
         assert all(torch.equal(a, b) for a, b in zip(s0["params"], s1["params"]))
     assert [s["stepped"] for s in r0["steps"]] == [False, True]
-    assert [s["scale"] for s in r0["steps"]] == [1750000.0, 3500000.0]  # backed off, then grown
-    # one process emulating both workers shares one overflow flag between its micro-batches
+    assert [s["scale"] for s in r0["steps"]] == [512.0, 1024.0]  # backed off, then grown
+    # one process emulating both workers, rank 1's micro-batch (the second) multiplied by BIG at step 1:
+    # its micro-batches share one overflow flag
+    backward, count = MixedPrecision.backward, {"n": 0}
+
+    def saturating_second(mp, loss):
+        count["n"] += 1
+        return backward(mp, loss * BIG if count["n"] == 2 else loss)
+    monkeypatch.setattr(MixedPrecision, "backward", saturating_second)
     assert main(tiny_args(*common, "--emulate-node", "2", "--run-name", "emu")) == 0
     ddp, emu = last(tmp_path / "runs" / "ddp"), last(tmp_path / "runs" / "emu")
     assert ddp["scaler"] == emu["scaler"] and ddp["scaler"]["skipped_steps"] == 1
