@@ -155,16 +155,21 @@ def read_weights(path: os.PathLike | str) -> tuple[Any, str]:
             note = "; CRC-32 of every member checked"
     else:
         note = "; not integrity-checked: torch's legacy (non-zip) format carries no checksums"
+    return _load_tensors(path, "cpu", repr(str(path)), "is not a loadable state_dict"), note
+
+
+def _load_tensors(path: Path, map_location: Any, what: str, unreadable: str) -> Any:
+    """``torch.load(weights_only=True)``; a refused pickle or an unreadable file is a
+    ``CheckpointError`` saying ``what`` ``unreadable`` (never torch's weights_only=False advice)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True), note
-    except Exception as e:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises several types for truncated/corrupt zips and pickles
         refused = _unpickling_refused(e)
         if refused is not None:
-            raise CheckpointError(f"{str(path)!r} holds Python objects that loading would have to execute "
-                                  f"({refused}); bfpsim loads only tensors and plain values. Never load a "
-                                  f"file you do not trust with weights_only=False: unpickling runs arbitrary "
-                                  f"code.") from None
-        raise CheckpointError(f"{str(path)!r} is not a loadable state_dict ({type(e).__name__}: "
+            raise CheckpointError(f"{what} holds Python objects that loading would have to execute ({refused}); "
+                                  f"bfpsim loads only tensors and plain values. Never load a file you did not "
+                                  f"write yourself with weights_only=False: unpickling runs arbitrary code.") from None
+        raise CheckpointError(f"{what} {unreadable} ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
 
@@ -173,17 +178,7 @@ def load(path: os.PathLike | str, map_location: Any = "cpu") -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     verify(path)
-    try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises several types for truncated/corrupt zips and pickles
-        refused = _unpickling_refused(e)
-        if refused is not None:
-            raise CheckpointError(f"checkpoint {str(path)!r} holds Python objects that loading would have to "
-                                  f"execute ({refused}); bfpsim loads only tensors and plain values. Never "
-                                  f"load a file you did not write yourself with weights_only=False: "
-                                  f"unpickling runs arbitrary code.") from None
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    obj = _load_tensors(path, map_location, f"checkpoint {str(path)!r}", "is corrupt or truncated and cannot be read")
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise CheckpointError(f"{str(path)!r} is not a bfpsim checkpoint")
     if obj.get("version") == 1:

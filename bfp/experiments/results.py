@@ -18,22 +18,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
+from ..engine import logs
+
 EPOCH_KEYS = ("epoch", "global_step", "train_loss", "train_acc1", "test_loss", "test_acc1", "test_acc5",
               "lr", "epoch_time_s", "images_per_s", "skipped_steps", "loss_scale")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The per-epoch metrics of a run, one dict per epoch in order (the last line of an epoch
-    wins where a resumed run wrote an epoch twice)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
+    """The per-epoch metrics of a run (``bfp.engine.logs.read_metrics``); [] before its first epoch."""
+    try:
+        return logs.read_metrics(run_dir)
+    except FileNotFoundError:
         return []
-    by_epoch: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            m = json.loads(line)
-            by_epoch[int(m["epoch"])] = m
-    return [by_epoch[e] for e in sorted(by_epoch)]
 
 
 def mean_bits(run_dir: Path, total_steps: int) -> Optional[float]:
