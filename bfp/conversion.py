@@ -112,7 +112,7 @@ def _preset_lookup() -> dict[Format, str]:
 def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
     """A compact name for report tables: a preset name where one fits
     (``fb16``, ``float8_e4m3fn``), else ``bfp4[1,24,3,3]``, ``e4m3``,
-    ``mx:e2m1/32@1``; rounding other than the format's default as ``/rn``,
+    ``mx:e2m1/32@1`` (``/rceil``: a scale mode other than floor); rounding other than the format's default as ``/rn``,
     ``/tr``, ``/sr``; ``-`` for full precision."""
     if fmt is None:
         return "-"
@@ -128,7 +128,8 @@ def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
     if isinstance(fmt, MX):
         el = "int8" if isinstance(fmt.element, str) else f"e{fmt.element.exp}m{fmt.element.man}"
         extra = "" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value]
-        return f"mx:{el}/{fmt.block}@{fmt.axis}{extra}"
+        mode = "" if fmt.scale_mode == "floor" else f"/{fmt.scale_mode}"
+        return f"mx:{el}/{fmt.block}@{fmt.axis}{mode}{extra}"
     return repr(fmt)
 
 

@@ -18,6 +18,7 @@ class docstrings below and in ``docs/formats.md``.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 from enum import Enum
@@ -265,6 +266,9 @@ class BlockFloat(Format):
 INT8 = "int8"
 
 
+MX_SCALE_MODES = ("floor", "ceil", "even", "rceil")
+
+
 @dataclass(frozen=True)
 class MX(Format):
     """OCP Microscaling (MX v1.0) block format.
@@ -280,6 +284,22 @@ class MX(Format):
     rounded to multiples of ``2**(s-6)`` and clamped to ``127 * 2**(s-6)``
     (``emax_elem = 0``).
 
+    ``scale_mode`` chooses how the scale follows ``amax`` (the E8M0 clamp comes after):
+
+    * ``"floor"`` (OCP MX v1.0): ``s = floor(log2 amax) - emax_elem``. The block
+      maximum lands in the element's top binade and may exceed the element's
+      largest value (E4M3: up to ~1.99 x 2^8 against 448 = 1.75 x 2^8): it saturates.
+    * ``"ceil"``: ``s = ceil(log2 amax) - emax_elem``, one binade up unless amax is
+      a power of two: nothing saturates, small values lose a bit more.
+    * ``"even"``: ``amax`` first rounded to the element's mantissa bits (half up,
+      microxcaling/torchao "EVEN"), then floor: one binade up exactly when amax
+      would round into the next binade.
+    * ``"rceil"`` (NVIDIA's MXFP8 recipe, cuBLAS block scaling):
+      ``s = ceil(log2(amax / element max))``, the smallest scale at which the
+      block maximum fits without saturating. Computed exactly here; torchao
+      forms ``amax * (1/max)`` in float32 first, which can differ by one binade
+      where that product rounds across a power of two.
+
     Blocks of zeros are left alone. NaN and ±Inf do not take part in ``amax``;
     NaN stays NaN and Inf becomes NaN (MX elements have no Inf). Unlike the OCP
     spec, which would make the whole block NaN, the finite members are kept:
@@ -289,6 +309,7 @@ class MX(Format):
     element: Union[Float, str]
     block: int = 32
     axis: int = -1
+    scale_mode: str = "floor"
 
     def __post_init__(self):
         el = self.element
@@ -302,6 +323,8 @@ class MX(Format):
             raise ValueError("MX elements saturate (OCP MX v1.0): use overflow='saturate'")
         object.__setattr__(self, "element", el)
         _int_in(self.block, 1, 2 ** 31 - 1, "MX block")
+        if self.scale_mode not in MX_SCALE_MODES:
+            raise ValueError(f"MX scale_mode {self.scale_mode!r} unknown; allowed: {', '.join(MX_SCALE_MODES)}")
         if isinstance(self.axis, bool) or not isinstance(self.axis, int):
             raise ValueError(f"MX axis must be an integer, got {self.axis!r}")
 
@@ -322,11 +345,15 @@ class MX(Format):
     def __repr__(self) -> str:
         el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"
         rnd = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
-        return f"MX({el}, block={self.block}, axis={self.axis}{rnd})"
+        sm = "" if self.scale_mode == "floor" else f", scale_mode={self.scale_mode}"
+        return f"MX({el}, block={self.block}, axis={self.axis}{rnd}{sm})"
 
     def to_dict(self) -> dict[str, Any]:
         el = self.element if self.element == INT8 else self.element.to_dict()
-        return {"kind": "mx", "element": el, "block": self.block, "axis": self.axis}
+        d = {"kind": "mx", "element": el, "block": self.block, "axis": self.axis}
+        if self.scale_mode != "floor":  # older saved dicts have none: floor
+            d["scale_mode"] = self.scale_mode
+        return d
 
 
 # -- named presets -----------------------------------------------------------------
@@ -385,9 +412,13 @@ def format_from_name(name: str) -> Format:
     key = _ALIASES.get(key, key)
     if key in _PRESETS:
         return _PRESETS[key]
+    base, _, mode = key.rpartition("_")  # an MX preset with a scale mode: mxfp8_e4m3_rceil
+    if mode in MX_SCALE_MODES and isinstance(_PRESETS.get(_ALIASES.get(base, base)), MX):
+        return dataclasses.replace(_PRESETS[_ALIASES.get(base, base)], scale_mode=mode)
     close = difflib.get_close_matches(key, names + list(_ALIASES), n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ValueError(f"unknown format name {name!r}{hint}; known: {', '.join(names)}")
+    raise ValueError(f"unknown format name {name!r}{hint}; known: {', '.join(names)} (an MX name may end "
+                     f"in a scale mode: _{', _'.join(MX_SCALE_MODES)}, e.g. mxfp8_e4m3_rceil)")
 
 
 def format_from_dict(d: dict[str, Any]) -> Format:

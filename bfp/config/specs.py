@@ -24,12 +24,13 @@ FULL = "full"  # the precision value that keeps a layer in full precision
 FORMAT_SPEC_KEYS = {
     "bfp": ("bfp", "group", "rounding"),
     "float": ("float", "rounding", "subnormals", "overflow", "encoding"),
-    "mx": ("mx", "block", "axis", "rounding"),
+    "mx": ("mx", "block", "axis", "rounding", "scale_mode"),
     "name": ("name", "rounding"),
 }
 _FORMAT_ALLOWED = ("a format name (bfp.format_names(), e.g. 'fb16', 'float8_e4m3fn', 'mxfp8_e4m3'), "
                    "null, or an object {\"bfp\": bits, \"group\": [..]}, {\"float\": [exp, man]}, "
-                   "{\"mx\": element, \"block\": 32, \"axis\": -1}, {\"name\": name, \"rounding\": ..} "
+                   "{\"mx\": element, \"block\": 32, \"axis\": -1, \"scale_mode\": \"rceil\"}, "
+                   "{\"name\": name, \"rounding\": ..} "
                    "or a saved format dict with \"kind\"")
 
 

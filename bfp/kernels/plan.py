@@ -13,6 +13,10 @@ BlockFloat     ``Emax``                    ``s - bits + 1`` (kind FIXED)
 MX (float)     ``clamp(Emax - emax_el)``   ``max(e, emin + s) - man``
 MX (int8)      ``clamp(Emax)``             ``s - 6`` (kind FIXED)
 =============  ==========================  ====================================
+
+MX's ``s`` above is the floor scale mode; ``ceil``, ``even`` and ``rceil`` add one
+to it where their test on the block maximum's significand says so (``formats.MX``),
+before the E8M0 clamp.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from ..formats import INT8, BlockFloat, Encoding, Float, Format, MX, Overflow, R
 KIND_FLOAT, KIND_FIXED = 0, 1
 MODE = {Rounding.TRUNCATE: 0, Rounding.NEAREST: 1, Rounding.STOCHASTIC: 2}
 SCALE_NONE, SCALE_BFP, SCALE_MX = 0, 1, 2
+# MX scale modes: floor is SCALE_MX; the others raise the floor scale by one binade where their test says
+MX_SCALE = {"floor": SCALE_MX, "ceil": 3, "even": 4, "rceil": 5}
 
 
 class Rule(NamedTuple):
@@ -31,7 +37,7 @@ class Rule(NamedTuple):
 
     kind: int       # KIND_FLOAT or KIND_FIXED
     mode: int       # 0 truncate, 1 nearest, 2 stochastic
-    scale: int      # SCALE_NONE, SCALE_BFP or SCALE_MX
+    scale: int      # SCALE_NONE, SCALE_BFP, SCALE_MX (floor) or another MX_SCALE mode
     soff: int       # MX: element emax subtracted from the tile exponent
     qoff: int       # FIXED: q = s + qoff
     lim: int        # FIXED: largest magnitude in LSBs
@@ -62,8 +68,9 @@ def rule_for(fmt: Format) -> Rule:
                     0, 0, 0, 0, 0, 0, 0)
     if isinstance(fmt, MX):
         if fmt.element == INT8:
-            return Rule(KIND_FIXED, MODE[Rounding.NEAREST], SCALE_MX, 0, -6, 127, 0, 0, 0, 0, 0, 0, 1)
-        return _float_rule(fmt.element, MODE[fmt.rounding], SCALE_MX, fmt.element.emax)
+            return Rule(KIND_FIXED, MODE[Rounding.NEAREST], MX_SCALE[fmt.scale_mode], 0, -6, 127, 0, 0, 0, 0, 0,
+                        0, 1)
+        return _float_rule(fmt.element, MODE[fmt.rounding], MX_SCALE[fmt.scale_mode], fmt.element.emax)
     raise TypeError(f"quantize needs a bfp format (Float, BlockFloat, MX), got {fmt!r}")
 
 

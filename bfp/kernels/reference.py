@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .plan import KIND_FIXED, SCALE_MX, SCALE_NONE, Rule
+from .plan import KIND_FIXED, MX_SCALE, SCALE_MX, SCALE_NONE, Rule
 from .scalar import EXP_INF, MAG, QNAN
 
 
@@ -78,6 +78,21 @@ def tile_max(m: torch.Tensor, tile: tuple[int, ...]) -> torch.Tensor:
     return full[tuple(slice(0, d) for d in shape)]
 
 
+def _scale_step(tmax: torch.Tensor, scale: int, top: int) -> torch.Tensor:
+    """1 where an MX scale mode other than floor moves the block's scale one binade up
+    (``top``: the element's largest significand in its LSBs; see ``scalar._tile_consts``)."""
+    mb = top.bit_length() - 1
+    t = tmax.clamp(min=1)
+    sig = torch.where((t >> 23) > 0, (t & 0x7FFFFF) | 0x800000, t << (23 - _ilog2(t)).clamp(min=0))
+    if scale == MX_SCALE["ceil"]:
+        up = sig != 0x800000
+    elif scale == MX_SCALE["even"]:
+        up = (sig + (1 << (22 - mb)) >= 0x1000000) if mb < 23 else torch.zeros_like(sig, dtype=torch.bool)
+    else:
+        up = sig > (top << (23 - mb))
+    return (up & (tmax > 0)).long()
+
+
 def quantize_bits(xb: torch.Tensor, rule: Rule, tile, keys) -> torch.Tensor:
     """Quantized float32 bits (int64) of float32 bits ``xb`` (int64, any shape)."""
     kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
@@ -89,7 +104,9 @@ def quantize_bits(xb: torch.Tensor, rule: Rule, tile, keys) -> torch.Tensor:
     else:
         tmax = tile_max(mf, tile)
         s = torch.where(tmax > 0, _flog2(tmax.clamp(min=1)) - soff, 0)
-        if scale == SCALE_MX:
+        if scale > SCALE_MX:
+            s = s + _scale_step(tmax, scale, lim if kind == KIND_FIXED else maxkept)
+        if scale >= SCALE_MX:
             s = s.clamp(-127, 127)
     r = rand32(keys[0], keys[1], xb.numel(), xb.device).view(xb.shape) if mode == 2 else None
     mm = mf.clamp(min=1)  # zeros and non-finite are replaced at the end

@@ -85,7 +85,20 @@ def _tile_consts(tmax, kind, scale, soff, qoff, lim, emin, man, maxkept, emaxq):
     s = 0
     if scale != 0 and tmax != 0:
         s = _flog2(tmax) - soff
-        if scale == 2:  # E8M0 range
+        if scale >= 3:  # MX scale modes other than floor: one binade up or not
+            top = lim if kind == 1 else maxkept  # the element's largest significand, in its LSBs
+            mb = ilog2(top)
+            if (tmax >> 23) > 0:
+                sig = (tmax & 0x7FFFFF) | 0x800000
+            else:
+                sig = tmax << (23 - ilog2(tmax))  # normalised: leading one at bit 23
+            if scale == 3:  # ceil: any bit below the leading one
+                s += int(sig != 0x800000)
+            elif scale == 4:  # even: the block max rounded (half up) to the element's bits
+                s += int(mb < 23) * int(sig + (1 << (22 - min(mb, 22))) >= 0x1000000)
+            else:  # rceil: the smallest s with amax <= element max * 2**s
+                s += int(sig > (top << (23 - mb)))
+        if scale >= 2:  # E8M0 range
             s = min(max(s, -127), 127)
     if kind == 1:
         q = s + qoff
