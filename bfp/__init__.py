@@ -2,7 +2,7 @@
 
 Layers (each knows only the one below it):
 
-    formats      bfp.formats     Float, BlockFloat, MX, format_from_name
+    formats      bfp.formats     Float, BlockFloat, MX, format_from_name; bfp.nvfp4: NVFP4
     kernels      bfp.kernels     quantize (PyTorch reference, Numba CPU, Numba CUDA)
     layers       bfp.functional, bfp.layers, bfp.accumulate
     conversion   bfp.config, bfp.conversion
@@ -13,6 +13,7 @@ from importlib import import_module
 
 from .formats import (BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding,
                       format_from_dict, format_from_name, format_names)
+from .nvfp4 import NVFP4
 from .kernels import quantize, zero_setting_error
 from .precision import POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 
@@ -37,6 +38,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'bfp' has no attribute {name!r}")
 
 
-__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "Overflow", "Rounding",
+__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "NVFP4", "Overflow", "Rounding",
            "format_from_dict", "format_from_name", "format_names", "quantize",
            "zero_setting_error", "POINTS", "LayerPrecision", "Accumulator", "accumulator_from_dict", *_LAZY]

@@ -393,6 +393,17 @@ _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "f
             "e2m1": "float4_e2m1fn", "fp4": "float4_e2m1fn"}
 
 
+_FAMILIES: dict[str, type] = {}  # to_dict kind -> class, of families defined in other modules
+
+
+def register_family(kind: str, cls: type, presets: dict[str, "Format"]) -> None:
+    """A format family defined in its own module (``bfp.nvfp4``): its ``to_dict`` kind, for
+    ``format_from_dict``, and its named presets, for ``format_from_name``."""
+    _FAMILIES[kind] = cls
+    format_names()
+    _PRESETS.update(presets)
+
+
 def format_names() -> list[str]:
     """The names ``format_from_name`` knows (aliases excluded)."""
     if not _PRESETS:
@@ -435,6 +446,9 @@ def format_from_dict(d: dict[str, Any]) -> Format:
         if kind == "mx":
             el = d.pop("element")
             return MX(el if el == INT8 else format_from_dict(el), **d)
+        if kind in _FAMILIES:
+            return _FAMILIES[kind](**d)
     except TypeError as e:  # unknown or missing keys
         raise ValueError(f"bad {kind} format dict {d!r}: {e}") from None
-    raise ValueError(f"unknown format kind {kind!r}; allowed: 'float', 'blockfloat', 'mx'")
+    raise ValueError(f"unknown format kind {kind!r}; allowed: 'float', 'blockfloat', 'mx'"
+                     + "".join(f", {k!r}" for k in _FAMILIES))

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Mapping, Optional, Union
 
 from ..formats import MX, BlockFloat, Float, Format, format_from_dict, format_from_name
+from ..nvfp4 import NVFP4
 from ..precision import BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 from .errors import ConfigError, _fail, _unknown_keys
 
@@ -25,12 +26,13 @@ FORMAT_SPEC_KEYS = {
     "bfp": ("bfp", "group", "rounding"),
     "float": ("float", "rounding", "subnormals", "overflow", "encoding"),
     "mx": ("mx", "block", "axis", "rounding", "scale_mode"),
+    "nvfp4": ("nvfp4", "axis", "rounding", "tensor_scale"),
     "name": ("name", "rounding"),
 }
 _FORMAT_ALLOWED = ("a format name (bfp.format_names(), e.g. 'fb16', 'float8_e4m3fn', 'mxfp8_e4m3'), "
                    "null, or an object {\"bfp\": bits, \"group\": [..]}, {\"float\": [exp, man]}, "
                    "{\"mx\": element, \"block\": 32, \"axis\": -1, \"scale_mode\": \"rceil\"}, "
-                   "{\"name\": name, \"rounding\": ..} "
+                   "{\"nvfp4\": 16, \"axis\": -1}, {\"name\": name, \"rounding\": ..} "
                    "or a saved format dict with \"kind\"")
 
 
@@ -44,6 +46,8 @@ def with_rounding(fmt: Format, rounding: str) -> Format:
                 raise ValueError(f"MX int8 elements round to nearest only, got rounding={rounding!r}")
             return fmt
         return dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding=rounding))
+    if isinstance(fmt, NVFP4):
+        return dataclasses.replace(fmt, rounding=rounding)
     raise ValueError(f"cannot set rounding on {fmt!r}")
 
 
@@ -94,6 +98,8 @@ def parse_format(value: Any, rounding: Optional[str] = None, source: str = "<dic
             fmt = dataclasses.replace(base, **opts)
         elif family == "mx":
             fmt = MX(_float_element(value["mx"]), **opts)
+        elif family == "nvfp4":  # {"nvfp4": block, "axis": 1}
+            fmt = NVFP4(value["nvfp4"], **opts)
         else:
             fmt = format_from_name(value["name"])
         return fmt if rnd is None else with_rounding(fmt, rnd)

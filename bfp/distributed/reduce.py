@@ -76,6 +76,7 @@ from typing import Optional
 import torch
 
 from ..formats import MX, BlockFloat, Float, Format, Rounding
+from ..nvfp4 import NVFP4
 from ..kernels import quantize
 
 ORDERS = ("ring", "sequential")
@@ -108,7 +109,7 @@ def _tile_rows(fmt: Optional[Format], shape: tuple[int, ...]) -> int:
     """Extent along axis 0 of one tile/block of ``fmt`` on a tensor of ``shape``."""
     if isinstance(fmt, BlockFloat) and shape:
         return fmt.group_for(len(shape))[0]
-    if isinstance(fmt, MX) and shape and fmt.axis % len(shape) == 0:
+    if isinstance(fmt, (MX, NVFP4)) and shape and fmt.axis % len(shape) == 0:
         return fmt.block
     return 1
 

@@ -20,13 +20,13 @@ import tarfile
 from pathlib import Path
 from typing import Optional
 
-from . import matrix, results, runner
+from ..engine.data import find_image_folder
+from . import matrix, report, results, runner
 
 
 def data_folder(arg: str, extract_to: Path) -> str:
     """``arg`` if it is a folder; a ``.tar.gz`` is unpacked into ``extract_to`` once
     (skipped when already there) and the image folder inside it is returned."""
-    from ..engine.data import find_image_folder
     p = Path(arg)
     if not p.exists():
         raise ValueError(f"--data {arg!r} does not exist; give the CIFAR-10 JPEG folder (train/ and test/ "
@@ -83,7 +83,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ValueError(f"--epochs must be a positive integer, got {args.epochs}")
         res_dir, runs_dir = _dirs(args)
         if args.action == "report":
-            from . import report
             out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc),
                                 Path(args.img), res_dir.as_posix())
             print(f"wrote {out}")

@@ -5,7 +5,9 @@ from typing import Optional
 
 import torch
 
-from ..formats import Format
+from ..formats import Format, Rounding
+from ..nvfp4 import NVFP4
+from . import nvfp4
 from .pages import advise
 from .plan import canonical_4d, rule_for, tile_for
 from .reference import quantize_reference
@@ -38,6 +40,17 @@ def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
     return torch.stack([nz.sum(), (nz & ((ob & MAG) == 0)).sum()])
 
 
+def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
+    keys = _keys(generator) if fmt.rounding is Rounding.STOCHASTIC else (0, 0)
+    if x.device.type == "meta" or x.numel() == 0:
+        counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
+        return (torch.empty_like(x) if x.device.type == "meta" else x.detach().clone()), counts
+    x32 = x.detach().to(torch.float32).contiguous()
+    out = nvfp4.quantize(x32, fmt, keys, backend)
+    counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
+    return out.to(x.dtype), counts
+
+
 def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
                    backend: Optional[str] = None, stats: bool = True):
     """``(quantize(x, fmt), counts)``; counts is int64 ``[nonzero_in, zeroed]`` on x's
@@ -46,6 +59,8 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     backend = backend or ("cuda" if x.is_cuda else "cpu")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if isinstance(fmt, NVFP4):  # two-level scaling: its own kernels (bfp.kernels.nvfp4)
+        return _nvfp4(x, fmt, generator, backend, stats)
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
     keys = _keys(generator) if rule.mode == 2 else (0, 0)

@@ -1,0 +1,73 @@
+"""NVFP4: NVIDIA's 4-bit format with two-level scaling (E2M1 elements, E4M3 block scales,
+an FP32 tensor scale), as a ``Format`` the quantization points take like any other.
+
+The rule, every step a float32 operation rounded to nearest-even, in this order
+(NVIDIA's definition as torchao's ``nvfp4_quantize`` spells it; names as there):
+
+1. ``amax_t``: the largest finite magnitude of the whole tensor. A tensor with none
+   (all zeros) is returned as it is (Inf as NaN).
+2. ``pts = max(amax_t / (448 * 6), 2**-149)``: the per-tensor scale, chosen so the
+   largest block scale lands at E4M3's maximum 448 (``tensor_scale=False``: 1).
+3. Per block of ``block`` elements along ``axis`` (aligned at 0, the tail block
+   smaller), ``amax_b`` its largest finite magnitude; ``sb = amax_b / 6``;
+   ``sb8 = e4m3(clamp(sb / pts, 2**-6, 448))``: the block scale, rounded to nearest-even
+   E4M3 (a block of zeros gets E4M3's smallest normal, 2**-6).
+4. ``ts = pts * sb8``; each element ``v = clamp(x / ts, -6, 6)`` rounded to E2M1
+   (nearest-even, or stochastic: one counter-based 32-bit draw per element, as
+   ``Rounding.STOCHASTIC``, indexed by the element's position in the tensor with
+   ``axis`` moved last); the result is ``q * ts``.
+
+Overflow: none can happen past step 2 (``|x / ts| <= 6`` up to the float32
+roundings, then clamped: saturation). Underflow: elements below a quarter of a
+block's E2M1 step round to zero (E2M1 has one subnormal, 0.5). NaN stays NaN and
+Inf becomes NaN (E2M1 has neither); neither takes part in the maxima. The double
+rounding of steps 4 (``x / ts`` to float32, then to E2M1) is the recipe's own and is
+reproduced, not avoided. The CPU kernel (``bfp.kernels.nvfp4``) and the PyTorch
+reference (which also serves CUDA tensors) compute exactly these operations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .formats import Format, Rounding, _int_in, register_family
+
+E2M1_MAX, E4M3_MAX, E4M3_TINY = 6.0, 448.0, 2.0 ** -6
+
+
+@dataclass(frozen=True)
+class NVFP4(Format):
+    """NVFP4 (see the module docstring): ``block`` elements along ``axis`` share an E4M3 scale,
+    the tensor an FP32 one (``tensor_scale``); ``rounding`` of the E2M1 elements is
+    ``nearest`` or ``stochastic`` (the NVFP4 training recipe rounds gradients stochastically)."""
+
+    block: int = 16
+    axis: int = -1
+    rounding: Rounding = Rounding.NEAREST
+    tensor_scale: bool = True
+
+    def __post_init__(self):
+        _int_in(self.block, 1, 2 ** 31 - 1, "NVFP4 block")
+        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
+            raise ValueError(f"NVFP4 axis must be an integer, got {self.axis!r}")
+        try:
+            r = Rounding(self.rounding)
+        except ValueError:
+            r = None
+        if r not in (Rounding.NEAREST, Rounding.STOCHASTIC):
+            raise ValueError(f"NVFP4 rounding {self.rounding!r}: allowed nearest, stochastic")
+        object.__setattr__(self, "rounding", r)
+        if not isinstance(self.tensor_scale, bool):
+            raise ValueError(f"NVFP4 tensor_scale must be True or False, got {self.tensor_scale!r}")
+
+    def __repr__(self) -> str:
+        extra = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
+        extra += "" if self.tensor_scale else ", tensor_scale=False"
+        return f"NVFP4(block={self.block}, axis={self.axis}{extra})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "nvfp4", "block": self.block, "axis": self.axis, "rounding": self.rounding.value,
+                "tensor_scale": self.tensor_scale}
+
+
+register_family("nvfp4", NVFP4, {"nvfp4": NVFP4(), "nvfp4_sr": NVFP4(rounding=Rounding.STOCHASTIC)})

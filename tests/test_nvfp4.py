@@ -1,0 +1,107 @@
+"""NVFP4 bit-exact against an oracle written here from the published two-level rule: NumPy float32
+arithmetic for the scales and quotients, ml_dtypes for the E4M3 and E2M1 casts (independent of
+bfpsim's integer rule); on zeros, subnormals, block maxima at and just above powers of two,
+NaN/Inf in a block, block tails, equal values, an all-zero tensor and tensors at float32's ends.
+Stochastic rounding: the CPU kernel equals the reference, and it is unbiased."""
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from bfp import format_from_name, quantize
+from bfp.config.specs import parse_format
+from bfp.formats import format_from_dict
+from bfp.kernels import quantize_stats
+from bfp.nvfp4 import NVFP4
+from test_kernels import BACKENDS, assert_same_bits
+
+F32 = np.float32
+
+
+def oracle(x: np.ndarray, block: int, tensor_scale: bool = True) -> np.ndarray:
+    """Blocks along the last axis of a float32 2-D array."""
+    fin = np.isfinite(x)
+    a = np.abs(np.where(fin, x, F32(0))).astype(F32)
+    out = np.where(fin, x, F32(np.nan)).astype(F32)  # Inf -> NaN, NaN stays
+    amax_t = a.max()
+    if amax_t == 0:
+        return out
+    pts = max(F32(amax_t) / F32(448 * 6), F32(2.0 ** -149)) if tensor_scale else F32(1)
+    for i in range(x.shape[0]):
+        for b in range(0, x.shape[1], block):
+            sb = F32(a[i, b:b + block].max()) / F32(6)
+            sbs = F32(min(max(F32(sb / pts), F32(2.0 ** -6)), F32(448)))
+            sb8 = F32(np.array(sbs, F32).astype(ml_dtypes.float8_e4m3fn).astype(F32))
+            ts = F32(pts * sb8)
+            v = np.clip((x[i, b:b + block] / ts).astype(F32), F32(-6), F32(6))
+            q = v.astype(ml_dtypes.float4_e2m1fn).astype(F32)
+            out[i, b:b + block] = np.where(fin[i, b:b + block], (q * ts).astype(F32), out[i, b:b + block])
+    return out
+
+
+def _edges() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    rows = []
+    for p in (-60, -3, 0, 8, 40):
+        for m in (1.0, 1.0 + 2 ** -23, 1.5, 1.75 + 2 ** -20, 2 - 2 ** -23):
+            a = m * 2.0 ** p
+            rows.append([a, -a / 3, a / 7, 0.0, -a, a / 1024, a * 0.9, a / 2 ** 12, a, 1.0, 0.5, -0.25, 0.1, 3.0,
+                         -a / 6, a / 5, 2.0, 7.0, 1e-3])
+    rows.append([0.0] * 19)
+    rows.append([1e-40, -3e-41, 2e-45, 0.0, 7e-39] + [0.0] * 14)
+    rows.append([3.0] * 19)
+    rows.append([1.0, float("nan"), 480.0, float("inf"), -2.0, 0.0, 1e-3, 3.0, float("-inf")] + [0.5] * 10)
+    edge = torch.tensor(rows, dtype=torch.float32)
+    rand = torch.randn(24, 80, generator=g) * torch.exp2(torch.randint(-20, 20, (24, 80), generator=g).float())
+    return [edge, rand, torch.zeros(3, 16), torch.full((2, 16), 3e38), torch.full((2, 16), 1e-43),
+            torch.tensor([[float("inf"), 0.0, float("nan"), -0.0]])]
+
+
+@pytest.mark.parametrize("tensor_scale", [True, False])
+@pytest.mark.parametrize("block", [16, 8])
+def test_nvfp4_matches_the_two_level_rule_on_every_edge(block, tensor_scale):
+    fmt = NVFP4(block=block, tensor_scale=tensor_scale)
+    for x in _edges():
+        want = torch.from_numpy(oracle(x.numpy(), block, tensor_scale))
+        for backend in BACKENDS:
+            assert_same_bits(quantize(x, fmt, backend=backend), want)
+
+
+def test_nvfp4_along_another_axis_and_rank():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 40, 3, generator=g) * 10
+    want = oracle(x.permute(0, 2, 1).reshape(-1, 40).numpy(), 16)
+    want = torch.from_numpy(want).reshape(4, 3, 40).permute(0, 2, 1)
+    for backend in BACKENDS:
+        assert_same_bits(quantize(x, NVFP4(axis=1), backend=backend), want)
+
+
+def test_nvfp4_stochastic_cpu_equals_reference_and_is_unbiased():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 48, generator=g)
+    fmt = NVFP4(rounding="stochastic")
+    r, rc = quantize_stats(x, fmt, generator=torch.Generator().manual_seed(9), backend="reference")
+    c, cc = quantize_stats(x, fmt, generator=torch.Generator().manual_seed(9), backend="cpu")
+    assert_same_bits(c, r)
+    assert torch.equal(rc, cc)
+    # unbiased: the mean of many draws of one row approaches the row (nearest is biased there)
+    row = torch.linspace(0.3, 5.7, 16).repeat(20000, 1)
+    row[:, 0] = 6.0  # fixes every block's scale: the same grid for every draw
+    sr = quantize(row, fmt, generator=torch.Generator().manual_seed(2)).mean(0)
+    rn = quantize(row, NVFP4())[0]
+    assert (sr - row[0]).abs().max() < 0.03 < (rn - row[0]).abs().max()  # 0.03: over 4 sigma
+
+
+def test_nvfp4_by_name_dict_config_and_bad_values():
+    assert format_from_name("nvfp4") == NVFP4()
+    assert format_from_name("nvfp4_sr") == NVFP4(rounding="stochastic")
+    f = NVFP4(block=32, axis=0, rounding="stochastic", tensor_scale=False)
+    assert format_from_dict(f.to_dict()) == f
+    assert parse_format({"name": "nvfp4", "rounding": "stochastic"}) == NVFP4(rounding="stochastic")
+    assert repr(NVFP4(rounding="stochastic")) == "NVFP4(block=16, axis=-1, rounding=stochastic)"
+    with pytest.raises(ValueError, match="NVFP4 rounding 'truncate': allowed nearest, stochastic"):
+        NVFP4(rounding="truncate")
+    with pytest.raises(ValueError, match="NVFP4 block"):
+        NVFP4(block=0)
+    with pytest.raises(ValueError, match="NVFP4 axis 2 is out of range for a tensor of shape \\(3, 4\\)"):
+        quantize(torch.ones(3, 4), NVFP4(axis=2))
