@@ -82,6 +82,9 @@ ROWS = (
     Row("fp8", "formats", "FP8: e4m3 weights/activations, e5m2 gradients", ("--bfp", "any_fp8_hybrid")),
     Row("mxfp8", "formats", "OCP MXFP8 (E4M3/E5M2 elements, E8M0 scale per 32)", ("--bfp", "any_mxfp8")),
     Row("mxfp4", "formats", "OCP MXFP4 (E2M1 elements, E8M0 scale per 32)", ("--bfp", "any_mxfp4")),
+    Row("mxfp8-rceil", "formats", "MXFP8 with the RCEIL scale (NVIDIA's MXFP8 recipe)",
+        ("--bfp", "any_mxfp8_rceil")),
+    Row("nvfp4", "formats", "NVFP4 (E2M1, E4M3 scale per 16, FP32 tensor scale)", ("--bfp", "any_nvfp4")),
 )
 
 _SETUP = ("-m", "ResNet10", "--model-opt", "width=16", "-d", "CIFAR10", "--gpu-data", "True",

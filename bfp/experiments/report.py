@@ -106,7 +106,8 @@ def claims(res: dict[str, dict]) -> dict[str, tuple[str, str]]:
         f"{p('fp16grad-ls')} ({'n/a' if sk is None else sk} skipped steps; about FP32: "
         f"{_yn(c[1])}); bf16 autocast without scaling {p('bf16')} (about FP32: {_yn(c[2])})."))
     out["formats"] = ("measured", (
-        f"FP8 (e4m3/e5m2) {p('fp8')}, MXFP8 {p('mxfp8')}, MXFP4 {p('mxfp4')}, against FP32 {p('fp32')}."))
+        f"FP8 (e4m3/e5m2) {p('fp8')}, MXFP8 {p('mxfp8')} (RCEIL scale: {p('mxfp8-rceil')}), MXFP4 {p('mxfp4')}, "
+        f"NVFP4 {p('nvfp4')}, against FP32 {p('fp32')}."))
     return out
 
 
