@@ -14,6 +14,7 @@ from importlib import import_module
 from .formats import (BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding,
                       format_from_dict, format_from_name, format_names)
 from .nvfp4 import NVFP4
+from .scaled import Scaled
 from .kernels import quantize, zero_setting_error
 from .precision import POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 
@@ -38,6 +39,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'bfp' has no attribute {name!r}")
 
 
-__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "NVFP4", "Overflow", "Rounding",
+__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "NVFP4", "Scaled", "Overflow", "Rounding",
            "format_from_dict", "format_from_name", "format_names", "quantize",
            "zero_setting_error", "POINTS", "LayerPrecision", "Accumulator", "accumulator_from_dict", *_LAZY]

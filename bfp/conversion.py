@@ -23,6 +23,7 @@ from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, 
                      legacy_dict, legacy_entry, load_config)
 from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
 from .nvfp4 import NVFP4
+from .scaled import Scaled
 from .precision import POINTS, LayerPrecision
 
 __all__ = ["convert", "conversion_report", "precision_state", "load_precision_state",
@@ -131,6 +132,9 @@ def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
         extra = "" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value]
         mode = "" if fmt.scale_mode == "floor" else f"/{fmt.scale_mode}"
         return f"mx:{el}/{fmt.block}@{fmt.axis}{mode}{extra}"
+    if isinstance(fmt, Scaled):
+        where = "t" if fmt.granularity == "tensor" else f"r@{fmt.axis}"
+        return f"{short_format(fmt.fmt, presets)}*{where}" + ("/pow2" if fmt.pow2 else "")
     if isinstance(fmt, NVFP4):
         return f"nvfp4/{fmt.block}@{fmt.axis}" + ("" if fmt.rounding.value == "nearest" else "/sr") + \
             ("" if fmt.tensor_scale else "/1lvl")

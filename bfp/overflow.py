@@ -47,6 +47,7 @@ import torch
 
 from .formats import MX, BlockFloat, Float, Format
 from .nvfp4 import NVFP4
+from .scaled import Scaled
 
 __all__ = ["GRADIENT_POINTS", "OverflowFlag", "overflow_limit", "watching", "check"]
 
@@ -62,7 +63,7 @@ def overflow_limit(fmt: Format) -> float:
         return fmt.max
     if isinstance(fmt, MX):
         return fmt.element_max * 2.0 ** 127
-    if isinstance(fmt, (BlockFloat, NVFP4)):  # their scales follow the tensor: no fixed ceiling
+    if isinstance(fmt, (BlockFloat, NVFP4, Scaled)):  # their scales follow the tensor: no fixed ceiling
         return _FLOAT32_MAX
     raise ValueError(f"overflow_limit: unknown format {fmt!r}")
 

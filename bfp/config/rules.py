@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 from ..formats import MX
 from ..nvfp4 import NVFP4
+from ..scaled import Scaled
 from ..layers import CONVERTIBLE
 from ..precision import POINTS, LayerPrecision
 from .errors import ConfigError, _fail, _suggest, _unknown_keys
@@ -181,7 +182,7 @@ class NetConfig:
             return
         for point in POINTS:
             fmt = getattr(precision, point)
-            if isinstance(fmt, (MX, NVFP4)) and not -rank <= fmt.axis < rank:
+            if isinstance(fmt, (MX, NVFP4, Scaled)) and not -rank <= fmt.axis < rank:
                 raise ConfigError(f"{self.source}: layer {name!r} ({type_name}), point {point}: "
                                   f"{type(fmt).__name__} axis "
                                   f"{fmt.axis} is out of range; a {type_name}'s tensors have {rank} "

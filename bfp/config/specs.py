@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Union
 
 from ..formats import MX, BlockFloat, Float, Format, format_from_dict, format_from_name
 from ..nvfp4 import NVFP4
+from ..scaled import Scaled
 from ..precision import BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 from .errors import ConfigError, _fail, _unknown_keys
 
@@ -27,12 +28,14 @@ FORMAT_SPEC_KEYS = {
     "float": ("float", "rounding", "subnormals", "overflow", "encoding"),
     "mx": ("mx", "block", "axis", "rounding", "scale_mode"),
     "nvfp4": ("nvfp4", "axis", "rounding", "tensor_scale"),
+    "scaled": ("scaled", "granularity", "axis", "pow2", "rounding"),
     "name": ("name", "rounding"),
 }
 _FORMAT_ALLOWED = ("a format name (bfp.format_names(), e.g. 'fb16', 'float8_e4m3fn', 'mxfp8_e4m3'), "
                    "null, or an object {\"bfp\": bits, \"group\": [..]}, {\"float\": [exp, man]}, "
                    "{\"mx\": element, \"block\": 32, \"axis\": -1, \"scale_mode\": \"rceil\"}, "
-                   "{\"nvfp4\": 16, \"axis\": -1}, {\"name\": name, \"rounding\": ..} "
+                   "{\"nvfp4\": 16, \"axis\": -1}, {\"scaled\": \"e4m3\", \"granularity\": \"row\"}, "
+                   "{\"name\": name, \"rounding\": ..} "
                    "or a saved format dict with \"kind\"")
 
 
@@ -48,6 +51,8 @@ def with_rounding(fmt: Format, rounding: str) -> Format:
         return dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding=rounding))
     if isinstance(fmt, NVFP4):
         return dataclasses.replace(fmt, rounding=rounding)
+    if isinstance(fmt, Scaled):
+        return dataclasses.replace(fmt, fmt=dataclasses.replace(fmt.fmt, rounding=rounding))
     raise ValueError(f"cannot set rounding on {fmt!r}")
 
 
@@ -100,6 +105,8 @@ def parse_format(value: Any, rounding: Optional[str] = None, source: str = "<dic
             fmt = MX(_float_element(value["mx"]), **opts)
         elif family == "nvfp4":  # {"nvfp4": block, "axis": 1}
             fmt = NVFP4(value["nvfp4"], **opts)
+        elif family == "scaled":  # {"scaled": "e4m3", "granularity": "row", "axis": -1, "pow2": true}
+            fmt = Scaled(_float_element(value["scaled"]), **opts)
         else:
             fmt = format_from_name(value["name"])
         return fmt if rnd is None else with_rounding(fmt, rnd)

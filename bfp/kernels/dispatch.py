@@ -7,7 +7,8 @@ import torch
 
 from ..formats import Format, Rounding
 from ..nvfp4 import NVFP4
-from . import nvfp4
+from ..scaled import Scaled
+from . import nvfp4, scaled
 from .pages import advise
 from .plan import canonical_4d, rule_for, tile_for
 from .reference import quantize_reference
@@ -61,6 +62,14 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     if isinstance(fmt, NVFP4):  # two-level scaling: its own kernels (bfp.kernels.nvfp4)
         return _nvfp4(x, fmt, generator, backend, stats)
+    if isinstance(fmt, Scaled) and x.device.type != "meta" and x.numel():  # scale, round as fmt.fmt, unscale
+        x32 = x.detach().to(torch.float32).contiguous()
+        y, scale = scaled.prepare(x32, fmt)
+        out = scaled.finish(quantize_stats(y, fmt.fmt, generator=generator, backend=backend, stats=False)[0], scale)
+        counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
+        return out.to(x.dtype), counts
+    if isinstance(fmt, Scaled):
+        fmt = fmt.fmt
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
     keys = _keys(generator) if rule.mode == 2 else (0, 0)
