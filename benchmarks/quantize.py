@@ -26,8 +26,9 @@ from _harness import alternate, emit_json, machine, print_table
 
 DEFAULT_FORMATS = ["fb12", "bfp8[1,24,3,3]-nearest", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
                    "float4_e2m1fn", "bfloat16", "mxfp8_e4m3", "mxfp4_e2m1", "mxint8",
-                   "fb16-nearest", "fb16-stochastic", "float8_e4m3fn-stochastic"]
-TARGETS = {"fb12": 0.7, "bfp8[1,24,3,3]-nearest": 0.7, "float8_e4m3fn": 0.7}
+                   "fb16-nearest", "fb16-stochastic", "float8_e4m3fn-stochastic",
+                   "mxfp8_e4m3_rceil", "nvfp4", "nvfp4_sr", "fp8_e4m3_tensorwise", "fp8_e4m3_rowwise"]
+TARGETS = {"fb12": 0.7, "bfp8[1,24,3,3]-nearest": 0.7, "float8_e4m3fn": 0.7, "nvfp4": 0.5}
 
 
 def parse_format(spec: str):
@@ -40,8 +41,8 @@ def parse_format(spec: str):
     else:
         fmt = bfp.format_from_name(name)
     if rounding:
-        if isinstance(fmt, bfp.MX):
-            raise SystemExit(f"rounding suffix not supported on MX preset {spec!r}")
+        if isinstance(fmt, (bfp.MX, bfp.NVFP4, bfp.Scaled)):
+            raise SystemExit(f"rounding suffix not supported on preset {spec!r} (use its _sr name)")
         fmt = type(fmt)(**{**fmt.__dict__, "rounding": rounding})
     return fmt
 

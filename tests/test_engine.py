@@ -136,10 +136,13 @@ def test_plan_rejects_bad_keys_with_the_source_named():
         EpochPlan.parse({"ten": "x"}, None, "f.json")
     with pytest.raises(ValueError, match=r"epochs \[5\] but the run trains epochs 0..3"):
         EpochPlan.parse({"5": "x"}, None, "f.json").check_epochs(4, "f.json")
-    with pytest.raises(ValueError, match=r"optimizer-dict\['2'\]\['lr'\] must be a finite number >= 0, got -0.1"):
+    with pytest.raises(ValueError, match=r"optimizer-dict\['2'\]\['lr'\] must be a number in \[0, 3.4e38\] "
+                                         r"\(float32's range\), got -0.1"):
         EpochPlan.parse(None, {"2": {"lr": -0.1}}, "f.json")
-    with pytest.raises(ValueError, match=r"\['momentum'\] must be a finite number >= 0, got 'high'"):
+    with pytest.raises(ValueError, match=r"\['momentum'\] must be a number in \[0, 1\], got 'high'"):
         EpochPlan.parse(None, {"2": {"momentum": "high"}}, "f.json")
+    with pytest.raises(ValueError, match=r"\['momentum'\] must be a number in \[0, 1\], got 5"):
+        EpochPlan.parse(None, {"2": {"momentum": 5}}, "f.json")
     # the original's scheduler-step is accepted and changes nothing
     assert EpochPlan.parse(None, {"2": {"scheduler-step": 2}}, "f").optimizer == {2: {}}
 

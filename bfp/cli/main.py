@@ -82,15 +82,15 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
               f"(each checkpoint is written whole or not at all); free space or fix the permissions, then "
               f"continue with --resume <run directory>", file=sys.stderr)
         return 2
+    except NonFiniteTraining as e:  # the run diverged; its last finite checkpoint is kept
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 3
     except RuntimeError as e:
         failed = peer_failure(e)
         if failed is None:
             raise
         print(f"{prog}: error: {failed}", file=sys.stderr)
         return 4
-    except NonFiniteTraining as e:  # the run diverged; its last finite checkpoint is kept
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 3
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
