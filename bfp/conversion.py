@@ -131,7 +131,8 @@ def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
         el = "int8" if isinstance(fmt.element, str) else f"e{fmt.element.exp}m{fmt.element.man}"
         extra = "" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value]
         mode = "" if fmt.scale_mode == "floor" else f"/{fmt.scale_mode}"
-        return f"mx:{el}/{fmt.block}@{fmt.axis}{mode}{extra}"
+        block = "x".join(map(str, fmt.block)) if isinstance(fmt.block, tuple) else fmt.block
+        return f"mx:{el}/{block}@{fmt.axis}{mode}{extra}"
     if isinstance(fmt, Scaled):
         where = "t" if fmt.granularity == "tensor" else f"r@{fmt.axis}"
         return f"{short_format(fmt.fmt, presets)}*{where}" + ("/pow2" if fmt.pow2 else "")

@@ -284,7 +284,12 @@ class MX(Format):
     rounded to multiples of ``2**(s-6)`` and clamped to ``127 * 2**(s-6)``
     (``emax_elem = 0``).
 
-    ``scale_mode`` chooses how the scale follows ``amax`` (the E8M0 clamp comes after):
+    ``block`` may be a tuple (a 2-D block, e.g. ``(16, 16)``): its last entry runs along
+    ``axis``, the one before along ``axis - 1``, and so on; the block's elements share one
+    scale. A weight and its transpose then see the same tiles (the NVFP4 recipe's 16x16
+    weight blocks).
+
+        ``scale_mode`` chooses how the scale follows ``amax`` (the E8M0 clamp comes after):
 
     * ``"floor"`` (OCP MX v1.0): ``s = floor(log2 amax) - emax_elem``. The block
       maximum lands in the element's top binade and may exceed the element's
@@ -322,7 +327,14 @@ class MX(Format):
         if isinstance(el, Float) and el.overflow is not Overflow.SATURATE:
             raise ValueError("MX elements saturate (OCP MX v1.0): use overflow='saturate'")
         object.__setattr__(self, "element", el)
-        _int_in(self.block, 1, 2 ** 31 - 1, "MX block")
+        if isinstance(self.block, (list, tuple)):  # a 2-D (N-d) block: the last entry along axis
+            if not self.block:
+                raise ValueError("MX block must be a positive integer or a non-empty list of them, got []")
+            for b in self.block:
+                _int_in(b, 1, 2 ** 31 - 1, "MX block entry")
+            object.__setattr__(self, "block", int(self.block[0]) if len(self.block) == 1 else tuple(self.block))
+        else:
+            _int_in(self.block, 1, 2 ** 31 - 1, "MX block")
         if self.scale_mode not in MX_SCALE_MODES:
             raise ValueError(f"MX scale_mode {self.scale_mode!r} unknown; allowed: {', '.join(MX_SCALE_MODES)}")
         if isinstance(self.axis, bool) or not isinstance(self.axis, int):
@@ -346,11 +358,13 @@ class MX(Format):
         el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"
         rnd = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
         sm = "" if self.scale_mode == "floor" else f", scale_mode={self.scale_mode}"
-        return f"MX({el}, block={self.block}, axis={self.axis}{rnd}{sm})"
+        block = "x".join(map(str, self.block)) if isinstance(self.block, tuple) else self.block
+        return f"MX({el}, block={block}, axis={self.axis}{rnd}{sm})"
 
     def to_dict(self) -> dict[str, Any]:
         el = self.element if self.element == INT8 else self.element.to_dict()
-        d = {"kind": "mx", "element": el, "block": self.block, "axis": self.axis}
+        d = {"kind": "mx", "element": el, "block": list(self.block) if isinstance(self.block, tuple) else self.block,
+             "axis": self.axis}
         if self.scale_mode != "floor":  # older saved dicts have none: floor
             d["scale_mode"] = self.scale_mode
         return d

@@ -9,13 +9,15 @@ The rule, every step a float32 operation rounded to nearest-even, in this order
 2. ``pts = max(amax_t / (448 * 6), 2**-149)``: the per-tensor scale, chosen so the
    largest block scale lands at E4M3's maximum 448 (``tensor_scale=False``: 1).
 3. Per block of ``block`` elements along ``axis`` (aligned at 0, the tail block
-   smaller), ``amax_b`` its largest finite magnitude; ``sb = amax_b / 6``;
+   smaller; a tuple ``block`` such as ``(16, 16)`` is a 2-D block whose last entry runs
+   along ``axis``, the one before along ``axis - 1``: a weight and its transpose then see
+   the same blocks, as the NVFP4 training recipe requires), ``amax_b`` its largest finite magnitude; ``sb = amax_b / 6``;
    ``sb8 = e4m3(clamp(sb / pts, 2**-6, 448))``: the block scale, rounded to nearest-even
    E4M3 (a block of zeros gets E4M3's smallest normal, 2**-6).
 4. ``ts = pts * sb8``; each element ``v = clamp(x / ts, -6, 6)`` rounded to E2M1
    (nearest-even, or stochastic: one counter-based 32-bit draw per element, as
    ``Rounding.STOCHASTIC``, indexed by the element's position in the tensor with
-   ``axis`` moved last); the result is ``q * ts``.
+   ``axis`` moved last, or as it is for 2-D blocks); the result is ``q * ts``.
 
 Overflow: none can happen past step 2 (``|x / ts| <= 6`` up to the float32
 roundings, then clamped: saturation). Underflow: elements below a quarter of a
@@ -23,7 +25,7 @@ block's E2M1 step round to zero (E2M1 has one subnormal, 0.5). NaN stays NaN and
 Inf becomes NaN (E2M1 has neither); neither takes part in the maxima. The double
 rounding of steps 4 (``x / ts`` to float32, then to E2M1) is the recipe's own and is
 reproduced, not avoided. The CPU kernel (``bfp.kernels.nvfp4``) and the PyTorch
-reference (which also serves CUDA tensors) compute exactly these operations.
+reference (which also serves CUDA tensors, and 2-D blocks) compute exactly these operations.
 """
 from __future__ import annotations
 
@@ -47,7 +49,14 @@ class NVFP4(Format):
     tensor_scale: bool = True
 
     def __post_init__(self):
-        _int_in(self.block, 1, 2 ** 31 - 1, "NVFP4 block")
+        if isinstance(self.block, (list, tuple)):  # 2-D blocks (16x16 weights): last entry along axis
+            if not self.block:
+                raise ValueError("NVFP4 block must be a positive integer or a non-empty list of them, got []")
+            for b in self.block:
+                _int_in(b, 1, 2 ** 31 - 1, "NVFP4 block entry")
+            object.__setattr__(self, "block", int(self.block[0]) if len(self.block) == 1 else tuple(self.block))
+        else:
+            _int_in(self.block, 1, 2 ** 31 - 1, "NVFP4 block")
         if isinstance(self.axis, bool) or not isinstance(self.axis, int):
             raise ValueError(f"NVFP4 axis must be an integer, got {self.axis!r}")
         try:
@@ -63,10 +72,12 @@ class NVFP4(Format):
     def __repr__(self) -> str:
         extra = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
         extra += "" if self.tensor_scale else ", tensor_scale=False"
-        return f"NVFP4(block={self.block}, axis={self.axis}{extra})"
+        block = "x".join(map(str, self.block)) if isinstance(self.block, tuple) else self.block
+        return f"NVFP4(block={block}, axis={self.axis}{extra})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "nvfp4", "block": self.block, "axis": self.axis, "rounding": self.rounding.value,
+        block = list(self.block) if isinstance(self.block, tuple) else self.block
+        return {"kind": "nvfp4", "block": block, "axis": self.axis, "rounding": self.rounding.value,
                 "tensor_scale": self.tensor_scale}
 
 

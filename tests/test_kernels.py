@@ -385,7 +385,8 @@ SIM_SCRIPT = textwrap.dedent("""
     fmts += [BlockFloat(5, (2, 3), "nearest"), BlockFloat(6, (1, 4, 2, 3), "stochastic"),
              Float(4, 3, "stochastic", encoding="fn"), MX("float6_e3m2fn", block=8, axis=1),
              MX("float8_e4m3fn", block=8, axis=1, scale_mode="rceil"), MX("int8", block=4, scale_mode="even"),
-             MX("float4_e2m1fn", block=16, scale_mode="ceil"), MX("float8_e5m2", block=32, scale_mode="even")]
+             MX("float4_e2m1fn", block=16, scale_mode="ceil"), MX("float8_e5m2", block=32, scale_mode="even"),
+             MX("float8_e4m3fn", block=(4, 3), axis=-1, scale_mode="rceil")]
     bad = 0
     for shape in [(3, 10, 5, 7), (13, 11)]:
         x = torch.randn(shape) * torch.exp2(torch.randint(-30, 30, shape).float())

@@ -124,3 +124,41 @@ def test_scale_modes_by_name_dict_and_config():
         MX("float8_e4m3fn", scale_mode="round")
     with pytest.raises(ValueError, match="an MX name may end in a scale mode"):
         format_from_name("mxfp8_e4m3_up")
+
+
+def oracle_2d(x: np.ndarray, fmt: MX) -> np.ndarray:
+    """float64 tiles of ``fmt.block`` (rows, cols) over a 2-D array, any scale mode."""
+    br, bc = fmt.block
+    out = np.empty(x.shape, np.float32)
+    for i in range(0, x.shape[0], br):
+        for j in range(0, x.shape[1], bc):
+            t = x[i:i + br, j:j + bc]
+            flat = MX(fmt.element, block=t.size, scale_mode=fmt.scale_mode)
+            out[i:i + br, j:j + bc] = oracle(t.reshape(1, -1), flat).reshape(t.shape)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+@pytest.mark.parametrize("block", [(16, 16), (4, 8), (3, 5)])
+def test_2d_blocks_share_one_scale_and_a_weight_and_its_transpose_round_alike(block, mode):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(37, 45, generator=g) * torch.exp2(torch.randint(-8, 8, (37, 45), generator=g).float())
+    fmt = MX(format_from_name("mxfp8_e4m3").element, block=block, axis=-1, scale_mode=mode)
+    want = torch.from_numpy(oracle_2d(w.numpy(), fmt))
+    for backend in BACKENDS:
+        assert_same_bits(quantize(w, fmt, backend=backend), want)
+    # the transpose, with the block transposed, rounds to the same values (fw and biw of one weight)
+    tfmt = MX(fmt.element, block=block[::-1], axis=-1, scale_mode=mode)
+    assert_same_bits(quantize(w.t(), tfmt).t(), want)
+    assert_same_bits(quantize(w, MX(fmt.element, block=block, axis=1, scale_mode=mode)), want)
+
+
+def test_2d_block_names_and_errors():
+    from bfp.formats import format_from_dict
+    f = MX("float4_e2m1fn", block=[16, 16], axis=1)
+    assert f.block == (16, 16) and repr(f) == "MX(e2m1, block=16x16, axis=1)"
+    assert format_from_dict(f.to_dict()) == f and MX("float4_e2m1fn", block=[32]).block == 32
+    with pytest.raises(ValueError, match="MX block 16x16 ending on axis 0 needs 2 axes"):
+        quantize(torch.ones(4, 4), MX("float4_e2m1fn", block=(16, 16), axis=0))
+    with pytest.raises(ValueError, match="MX block entry"):
+        MX("float4_e2m1fn", block=(16, 0))

@@ -105,3 +105,29 @@ def test_nvfp4_by_name_dict_config_and_bad_values():
         NVFP4(block=0)
     with pytest.raises(ValueError, match="NVFP4 axis 2 is out of range for a tensor of shape \\(3, 4\\)"):
         quantize(torch.ones(3, 4), NVFP4(axis=2))
+
+
+def test_nvfp4_2d_blocks_match_the_rule_per_tile_and_a_weight_and_its_transpose_round_alike():
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(40, 36, generator=g) * torch.exp2(torch.randint(-6, 6, (40, 36), generator=g).float())
+    fmt = NVFP4(block=(16, 16), axis=-1)
+    got = quantize(w, fmt)
+    # the oracle per 16x16 tile (tails smaller), with the tensor's scale from the whole weight
+    x = w.numpy()
+    want = np.empty_like(x)
+    for i in range(0, 40, 16):
+        for j in range(0, 36, 16):
+            want[i:i + 16, j:j + 16] = _tile_oracle(x[i:i + 16, j:j + 16], np.abs(x).max())
+    assert_same_bits(got, torch.from_numpy(want))
+    assert_same_bits(quantize(w.t(), NVFP4(block=(16, 16), axis=-1)).t(), got)
+    assert repr(fmt) == "NVFP4(block=16x16, axis=-1)" and format_from_dict(fmt.to_dict()) == fmt
+
+
+def _tile_oracle(t: np.ndarray, amax_t: float) -> np.ndarray:
+    pts = max(F32(amax_t) / F32(448 * 6), F32(2.0 ** -149))
+    sb = F32(np.abs(t).max()) / F32(6)
+    sb8 = F32(np.array(min(max(F32(sb / pts), F32(2.0 ** -6)), F32(448)), F32)
+              .astype(ml_dtypes.float8_e4m3fn).astype(F32))
+    ts = F32(pts * sb8)
+    q = np.clip((t / ts).astype(F32), F32(-6), F32(6)).astype(ml_dtypes.float4_e2m1fn).astype(F32)
+    return (q * ts).astype(F32)

@@ -78,6 +78,7 @@ import torch
 from ..formats import MX, BlockFloat, Float, Format, Rounding
 from ..nvfp4 import NVFP4
 from ..kernels import quantize
+from ..kernels.plan import tile_for
 
 ORDERS = ("ring", "sequential")
 DIVIDE = ("before", "after")
@@ -109,8 +110,12 @@ def _tile_rows(fmt: Optional[Format], shape: tuple[int, ...]) -> int:
     """Extent along axis 0 of one tile/block of ``fmt`` on a tensor of ``shape``."""
     if isinstance(fmt, BlockFloat) and shape:
         return fmt.group_for(len(shape))[0]
-    if isinstance(fmt, (MX, NVFP4)) and shape and fmt.axis % len(shape) == 0:
-        return fmt.block
+    if isinstance(fmt, MX) and shape:
+        return tile_for(fmt, shape)[0]
+    if isinstance(fmt, NVFP4) and shape:
+        block = fmt.block if isinstance(fmt.block, tuple) else (fmt.block,)
+        axis = fmt.axis % len(shape)
+        return block[len(block) - 1 - axis] if axis < len(block) else 1
     return 1
 
 

@@ -40,8 +40,9 @@ def tensor_scale(amax_bits: int, fmt: NVFP4) -> np.float32:
     return max(np.float32(amax / PTS_DIV), PTS_MIN)
 
 
-def reference(xm: torch.Tensor, fmt: NVFP4, keys) -> torch.Tensor:
-    """NVFP4 of float32 ``xm`` whose block axis is the last, contiguous (any device)."""
+def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
+    """NVFP4 of float32 ``xm`` whose block axis is the last, contiguous (any device); ``tile``:
+    the block's shape over ``xm`` (default ``fmt.block`` along the last axis)."""
     xb = _bits(xm)
     m = xb & MAG
     finite = m < EXP_INF
@@ -51,7 +52,7 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys) -> torch.Tensor:
     if amax_bits == 0:  # nothing finite and nonzero: zeros stay, Inf becomes NaN
         return _float(quantize_bits(xb, e2m1, None, keys)).view(xm.shape)
     pts = torch.tensor(tensor_scale(amax_bits, fmt), device=xm.device)
-    tile = (1,) * (xm.dim() - 1) + (fmt.block,)
+    tile = tile or (1,) * (xm.dim() - 1) + (fmt.block,)
     sb = _float(tile_max(mf, tile)) / torch.tensor(np.float32(E2M1_MAX), device=xm.device)
     sbs = (sb / pts).clamp(E4M3_TINY, E4M3_MAX)
     sb8 = _float(quantize_bits(_bits(sbs), rule_for(E4M3), None, keys))
@@ -137,6 +138,14 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
+    if isinstance(fmt.block, tuple):  # 2-D blocks: the reference, on the tensor as it is
+        if axis - len(fmt.block) + 1 < 0:
+            raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
+                             f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
+        tile = [1] * x32.dim()
+        for k, b in enumerate(reversed(fmt.block)):
+            tile[axis - k] = b
+        return reference(x32.contiguous(), fmt, keys, tuple(tile))
     xm = x32.reshape(1) if x32.dim() == 0 else x32
     xm = xm.movedim(axis, -1).contiguous()
     out = cpu(xm, fmt, keys) if backend == "cpu" and not xm.is_cuda else reference(xm, fmt, keys)

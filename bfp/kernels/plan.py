@@ -84,7 +84,14 @@ def tile_for(fmt: Format, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     axis = fmt.axis + ndim if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < ndim:
         raise ValueError(f"MX axis {fmt.axis} is out of range for a tensor of shape {tuple(shape)}")
-    return tuple(fmt.block if i == axis else 1 for i in range(ndim))
+    block = fmt.block if isinstance(fmt.block, tuple) else (fmt.block,)
+    if axis - len(block) + 1 < 0:
+        raise ValueError(f"MX block {'x'.join(map(str, block))} ending on axis {fmt.axis} needs {len(block)} axes "
+                         f"up to it; a tensor of shape {tuple(shape)} has {axis + 1}")
+    tile = [1] * ndim
+    for k, b in enumerate(reversed(block)):
+        tile[axis - k] = b
+    return tuple(tile)
 
 
 def canonical_4d(shape: tuple[int, ...], tile: tuple[int, ...]):
