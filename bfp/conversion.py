@@ -137,7 +137,8 @@ def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
         where = "t" if fmt.granularity == "tensor" else f"r@{fmt.axis}"
         return f"{short_format(fmt.fmt, presets)}*{where}" + ("/pow2" if fmt.pow2 else "")
     if isinstance(fmt, NVFP4):
-        return f"nvfp4/{fmt.block}@{fmt.axis}" + ("" if fmt.rounding.value == "nearest" else "/sr") + \
+        block = "x".join(map(str, fmt.block)) if isinstance(fmt.block, tuple) else fmt.block
+        return f"nvfp4/{block}@{fmt.axis}" + ("" if fmt.rounding.value == "nearest" else "/sr") + \
             ("" if fmt.tensor_scale else "/1lvl")
     return repr(fmt)
 

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import hadamard
 from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input,
                          accumulate_conv2d_weight, accumulate_matmul)
 from .formats import Format, Rounding
@@ -109,6 +110,10 @@ class _LinearOp:
         if acc is None:
             return g.matmul(w)
         return accumulate_matmul(g.reshape(-1, g.shape[-1]), w, acc, generator=gen).reshape(x.shape)
+
+    def rows(self, g, x, w):
+        """The weight-gradient inputs as (rows, channels) matrices: rows are the reduction axis."""
+        return g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
 
     def grad_weight(self, g, x, w, acc, gen):
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
@@ -179,6 +184,12 @@ class _MatmulOp:
         ga = g @ bt if acc is None else accumulate_matmul(g, bt, acc, generator=gen)
         return ga.sum_to_size(a.shape)
 
+    def rows(self, g, a, b):
+        """The weight-gradient inputs with the reduction axis (a's rows) at dim -2."""
+        if b.dim() == 2:
+            return g.reshape(-1, g.shape[-1]), a.reshape(-1, a.shape[-1])
+        return g, a
+
     def grad_weight(self, g, a, b, acc, gen):
         if b.dim() == 2:  # torch.matmul folds a's batch dims into rows here: so do we
             a, g = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
@@ -210,7 +221,9 @@ class QGemmFunction(torch.autograd.Function):
         else:
             # bwi(x) == fi(x) bit for bit when both are the same deterministic format and
             # plain bfp.quantize rounds: keep the forward copy instead of rounding again.
-            ctx.reused = (_same_rounding(quantizer, p.fi, p.bwi), _same_rounding(quantizer, p.fw, p.biw))
+            # (not with a Hadamard transform: bwi then rounds the transformed input)
+            ctx.reused = (_same_rounding(quantizer, p.fi, p.bwi) and p.rht is None,
+                          _same_rounding(quantizer, p.fw, p.biw))
             ctx.save_for_backward(xq if ctx.reused[0] else x, wq if ctx.reused[1] else w)
         ctx.op, ctx.precision, ctx.q, ctx.generator = op, p, q, generator
         ctx.has_bias = b is not None
@@ -230,8 +243,14 @@ class QGemmFunction(torch.autograd.Function):
                                _acc_for(p.accumulator, "input_grad"), gen)
             gx = _grad_point(q, "big", gx, p.big)
         if ctx.needs_input_grad[1]:
-            x_bwi = x if ctx.reused[0] else _point(q, "bwi", x, p.bwi)
-            gw = op.grad_weight(_grad_point(q, "bwo", g, p.bwo), x_bwi.to(g.dtype), w,
+            gr, xr = g, x
+            if p.rht is not None:  # H along the reduction rows of both inputs: cancels in the product
+                if not hasattr(op, "rows"):
+                    raise ValueError("rht (a Hadamard transform of the weight-gradient inputs) needs a Linear or "
+                                     f"Matmul layer, got {type(op).__name__.strip('_').replace('Op', '')}")
+                gr, xr = (hadamard.transform_rows(t, p.rht) for t in op.rows(g, x.to(g.dtype), w))
+            x_bwi = xr if ctx.reused[0] else _point(q, "bwi", xr, p.bwi)
+            gw = op.grad_weight(_grad_point(q, "bwo", gr, p.bwo), x_bwi.to(g.dtype), w,
                                 _acc_for(p.accumulator, "weight_grad"), gen)
             gw = _grad_point(q, "bwg", gw, p.bwg)
         if ctx.has_bias and ctx.needs_input_grad[2]:

@@ -34,6 +34,25 @@ GEMMS = ("forward", "input_grad", "weight_grad")
 
 
 @dataclass(frozen=True)
+class Hadamard:
+    """A random Hadamard transform of the weight-gradient GEMM's inputs (``bfp.hadamard``):
+    ``block`` a power of two from 2 to 256 (16 in the NVFP4 recipe), ``seed`` its sign vector."""
+
+    block: int = 16
+    seed: int = 0
+
+    def __post_init__(self):
+        b = self.block
+        if isinstance(b, bool) or not isinstance(b, int) or b < 2 or b > 256 or b & (b - 1):
+            raise ValueError(f"Hadamard block must be a power of two from 2 to 256, got {b!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise ValueError(f"Hadamard seed must be an integer in [0, 2**63), got {self.seed!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block": self.block, "seed": self.seed}
+
+
+@dataclass(frozen=True)
 class Accumulator:
     """An emulated accumulator: partial sums rounded to ``fmt``.
 
@@ -110,6 +129,9 @@ class LayerPrecision:
 
     ``accumulator``: an ``Accumulator`` (emulated by ``bfp.accumulate``) used by
     the layer's GEMMs, or ``None`` for ordinary float32 accumulation.
+
+    ``rht``: a ``Hadamard`` transform of the weight-gradient GEMM's inputs before
+    ``bwo``/``bwi`` round them (Linear and Matmul layers; ``bfp.hadamard``), or ``None``.
     """
 
     fw: Optional[Format] = None
@@ -123,6 +145,7 @@ class LayerPrecision:
     big: Optional[Format] = None
     backward_source: str = "full"
     accumulator: Optional[Accumulator] = None
+    rht: Optional[Hadamard] = None
 
     def __post_init__(self):
         for p in POINTS:
@@ -132,6 +155,8 @@ class LayerPrecision:
         if self.accumulator is not None and not isinstance(self.accumulator, Accumulator):
             raise ValueError(f"accumulator must be a bfp.accumulate.Accumulator or None, "
                              f"got {self.accumulator!r}")
+        if self.rht is not None and not isinstance(self.rht, Hadamard):
+            raise ValueError(f"rht must be a Hadamard or None, got {self.rht!r}")
         if self.backward_source not in BACKWARD_SOURCES:
             raise ValueError(f"backward_source must be one of {BACKWARD_SOURCES}, "
                              f"got {self.backward_source!r}")
@@ -141,8 +166,9 @@ class LayerPrecision:
 
     @property
     def enabled(self) -> bool:
-        """True when any point quantizes or an accumulator is emulated."""
-        return self.accumulator is not None or any(getattr(self, p) is not None for p in POINTS)
+        """True when any point quantizes, an accumulator is emulated or a Hadamard transform runs."""
+        return (self.accumulator is not None or self.rht is not None
+                or any(getattr(self, p) is not None for p in POINTS))
 
     def with_format(self, point: str, fmt: Optional[Format]) -> "LayerPrecision":
         return dataclasses.replace(self, **{check_point(point): fmt})
@@ -152,22 +178,36 @@ class LayerPrecision:
         d["backward_source"] = self.backward_source
         acc = self.accumulator
         d["accumulator"] = None if acc is None else acc.to_dict()
+        if self.rht is not None:  # absent when off: older saved states stay equal
+            d["rht"] = self.rht.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LayerPrecision":
-        unknown = set(d) - set(POINTS) - {"backward_source", "accumulator"}
+        unknown = set(d) - set(POINTS) - {"backward_source", "accumulator", "rht"}
         if unknown:
             raise ValueError(f"unknown LayerPrecision keys {sorted(unknown)}; allowed: "
-                             f"{', '.join(POINTS)}, backward_source, accumulator")
+                             f"{', '.join(POINTS)}, backward_source, accumulator, rht")
         kw: dict[str, Any] = {p: (None if d.get(p) is None else format_from_dict(d[p])) for p in POINTS}
         kw["backward_source"] = d.get("backward_source", "full")
         if d.get("accumulator") is not None:
             kw["accumulator"] = accumulator_from_dict(d["accumulator"])
+        if d.get("rht") is not None:
+            kw["rht"] = hadamard_from_dict(d["rht"])
         return cls(**kw)
 
     def __repr__(self) -> str:
         on = ", ".join(f"{p}={getattr(self, p)!r}" for p in POINTS if getattr(self, p) is not None)
         extra = "" if self.backward_source == "full" else f", backward_source={self.backward_source!r}"
         extra += "" if self.accumulator is None else f", accumulator={self.accumulator!r}"
+        extra += "" if self.rht is None else f", rht=Hadamard({self.rht.block}, seed={self.rht.seed})"
         return f"LayerPrecision({on or 'off'}{extra})"
+
+
+def hadamard_from_dict(d: Any) -> Hadamard:
+    """``{"block": 16, "seed": 0}`` (or a bare block size) as a ``Hadamard``."""
+    if isinstance(d, int) and not isinstance(d, bool):
+        return Hadamard(d)
+    if not isinstance(d, dict) or set(d) - {"block", "seed"}:
+        raise ValueError(f"rht must be a block size or {{\"block\": 16, \"seed\": 0}}, got {d!r}")
+    return Hadamard(**d)

@@ -175,8 +175,11 @@ class NetConfig:
         return out
 
     def _check_axes(self, name: str, type_name: str, precision: Optional[LayerPrecision]) -> None:
-        """An MX axis outside the layer's tensors fails here, naming the config and the layer,
-        not at the first training step."""
+        """An MX axis outside the layer's tensors, or a Hadamard transform on a layer without
+        one, fails here, naming the config and the layer, not at the first training step."""
+        if precision is not None and precision.rht is not None and type_name not in ("Linear", "Matmul"):
+            raise ConfigError(f"{self.source}: layer {name!r} ({type_name}): rht (a Hadamard transform of the "
+                              f"weight-gradient inputs) is implemented for Linear and Matmul layers only")
         rank = TENSOR_RANK.get(type_name)
         if precision is None or rank is None:
             return

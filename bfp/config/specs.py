@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional, Union
 from ..formats import MX, BlockFloat, Float, Format, format_from_dict, format_from_name
 from ..nvfp4 import NVFP4
 from ..scaled import Scaled
-from ..precision import BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict
+from ..precision import (BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict,
+                         hadamard_from_dict)
 from .errors import ConfigError, _fail, _unknown_keys
 
 # The six GEMM operands (``"operands"`` in the rule form sets all of them).
@@ -116,8 +117,8 @@ def parse_format(value: Any, rounding: Optional[str] = None, source: str = "<dic
         raise _fail(source, where, f"{e}; allowed: {_FORMAT_ALLOWED}") from None
 
 
-SPEC_KEYS = POINTS + ("operands", "rounding", "backward_source", "accumulator")
-INHERITED_KEYS = ("rounding", "backward_source", "accumulator")
+SPEC_KEYS = POINTS + ("operands", "rounding", "backward_source", "accumulator", "rht")
+INHERITED_KEYS = ("rounding", "backward_source", "accumulator", "rht")
 
 
 def parse_precision(value: Any, inherited: Optional[Mapping[str, Any]] = None, source: str = "<dict>",
@@ -127,8 +128,9 @@ def parse_precision(value: Any, inherited: Optional[Mapping[str, Any]] = None, s
     A string other than ``"full"`` is a format for all six GEMM operands. An
     object takes ``operands`` (fw, fi, bwo, bwi, bio, biw), the nine point
     keys (which override ``operands``; null = off), ``rounding``,
-    ``backward_source`` and ``accumulator``; the last three default to the
-    config's top-level values (``inherited``).
+    ``backward_source``, ``accumulator`` and ``rht`` (a Hadamard transform of the
+    weight-gradient inputs: a block size or ``{"block": 16, "seed": 0}``); the last four
+    default to the config's top-level values (``inherited``).
     """
     if value is None or value == FULL:
         return None
@@ -154,6 +156,11 @@ def parse_precision(value: Any, inherited: Optional[Mapping[str, Any]] = None, s
         raise _fail(source, f"{where}.backward_source", f"{bsrc!r} unknown; allowed: {', '.join(BACKWARD_SOURCES)}")
     kw["backward_source"] = bsrc
     kw["accumulator"] = parse_accumulator(spec.get("accumulator"), source, f"{where}.accumulator")
+    if spec.get("rht") is not None:  # {"block": 16, "seed": 0} or a block size
+        try:
+            kw["rht"] = hadamard_from_dict(spec["rht"])
+        except (ValueError, TypeError) as e:
+            raise _fail(source, f"{where}.rht", str(e)) from None
     try:
         return LayerPrecision(**kw)
     except ValueError as e:

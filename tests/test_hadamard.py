@@ -1,0 +1,82 @@
+"""The random Hadamard transform of the weight-gradient inputs (bfp.hadamard): orthogonal, a
+Sylvester matrix with a seeded sign per row, cancelling in dW = dY^T X (equal to PyTorch within
+float32 rounding with every point off), applied before bwo/bwi round (checked bit for bit
+against the dataflow written here), configurable, saved with the precision, refused on convs."""
+import pytest
+import scipy.linalg
+import torch
+
+import bfp
+import bfp.models
+from bfp import LayerPrecision, format_from_name, quantize
+from bfp.config import ConfigError
+from bfp.config.specs import parse_precision
+from bfp.hadamard import matrix, transform_rows
+from bfp.layers import QLinear
+from bfp.precision import Hadamard
+
+
+@pytest.mark.parametrize("block", [2, 16, 32, 256])
+def test_the_transform_is_an_orthogonal_signed_sylvester_matrix(block):
+    h = matrix(Hadamard(block, seed=3))
+    assert torch.allclose(h.t() @ h, torch.eye(block, dtype=torch.float64), atol=1e-12)
+    signs = h * block ** 0.5 / torch.from_numpy(scipy.linalg.hadamard(block)).double()
+    assert torch.equal(signs, signs[:, :1].expand_as(signs)) and set(signs[:, 0].tolist()) <= {-1.0, 1.0}
+    assert not torch.equal(matrix(Hadamard(block, seed=4)), h) or block == 2
+    if block == 16:  # entries +-1/4: exactly H^T H = I
+        assert torch.equal(h.t() @ h, torch.eye(16, dtype=torch.float64))
+
+
+def _grads(precision, x, w, g):
+    layer = QLinear(w.shape[1], w.shape[0], bias=False, precision=precision)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+    xx = x.clone().requires_grad_(True)
+    y = layer(xx)
+    y.backward(g)
+    return y.detach(), xx.grad, layer.weight.grad
+
+
+def test_with_every_point_off_the_transform_cancels_within_float32_rounding():
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(3, 21, 40, generator=gen), torch.randn(24, 40, generator=gen)
+    g = torch.randn(3, 21, 24, generator=gen)
+    y0, gx0, gw0 = _grads(None, x, w, g)
+    y1, gx1, gw1 = _grads(LayerPrecision(rht=Hadamard(16, seed=1)), x, w, g)
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1)  # only the weight gradient is transformed
+    assert not torch.equal(gw0, gw1) and torch.allclose(gw0, gw1, rtol=1e-5, atol=1e-5)
+
+
+def test_the_points_round_the_transformed_inputs_then_the_gemm_runs():
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 19, 32, generator=gen), torch.randn(16, 32, generator=gen)
+    g = torch.randn(2, 19, 16, generator=gen)
+    fmt = format_from_name("mxfp4_e2m1")
+    rows = bfp.MX(fmt.element, block=16, axis=-2)
+    p = LayerPrecision(bwo=rows, bwi=rows, bwg=format_from_name("bfloat16"), rht=Hadamard(16, seed=7))
+    _, _, gw = _grads(p, x, w, g)
+    # written out: rows of both inputs, zero-padded to 48, H per block of 16 (Sylvester x signs)
+    signs = (matrix(Hadamard(16, seed=7)) * 4 / torch.from_numpy(scipy.linalg.hadamard(16)).double())[:, 0]
+    h = (signs[:, None] * torch.from_numpy(scipy.linalg.hadamard(16)).double() / 4).float()
+
+    def hx(t):
+        t = torch.nn.functional.pad(t.reshape(-1, t.shape[-1]), (0, 0, 0, 48 - 38))
+        return torch.matmul(h, t.reshape(3, 16, -1)).reshape(48, -1)
+    want = quantize(quantize(hx(g), rows).t().mm(quantize(hx(x), rows)), format_from_name("bfloat16"))
+    assert torch.equal(gw, want)
+    assert torch.equal(transform_rows(g.reshape(-1, 16), Hadamard(16, seed=7)), hx(g))
+
+
+def test_configs_state_and_refusals():
+    p = parse_precision({"operands": "nvfp4", "rht": 16})
+    assert p.rht == Hadamard(16, 0) and LayerPrecision.from_dict(p.to_dict()) == p
+    assert "rht" not in LayerPrecision(fw=format_from_name("fb16")).to_dict()  # older states stay equal
+    assert parse_precision({"bwo": "e4m3", "rht": {"block": 32, "seed": 5}}).rht == Hadamard(32, 5)
+    with pytest.raises(ConfigError, match=r"\.rht: Hadamard block must be a power of two from 2 to 256, got 12"):
+        parse_precision({"bwo": "e4m3", "rht": 12})
+    model = bfp.models.create("ResNet10", width=4)
+    with pytest.raises(ConfigError, match=r"\(Conv2d\): rht .* Linear and Matmul layers only"):
+        bfp.convert(model, {"version": 1, "default": {"bwo": "e4m3", "rht": 16}})
+    lin = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    bfp.convert(lin, {"version": 1, "default": {"bwo": "e4m3", "rht": 16}})
+    assert lin[0].precision.rht == Hadamard(16)
