@@ -46,8 +46,10 @@ from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input
                          accumulate_conv2d_weight, accumulate_matmul)
 from .formats import Format, Rounding
 from .kernels import quantize
+from .kernels import scaled as scaled_k
 from .overflow import check as _check_overflow
 from .precision import LayerPrecision
+from .scaled import Scaled
 
 __all__ = ["QGemmFunction", "Quantizer", "layer_quantizer", "qlinear", "qconv1d", "qconv2d", "qmatmul"]
 
@@ -67,16 +69,34 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
     forward and its backward applies from the next step.
     """
     hook = layer.quantize_hook
-    if hook is None:
+    delayed = any(isinstance(f, Scaled) and f.delayed for f in layer.precision.formats().values())
+    if hook is None and not delayed:
         return None
 
     def q(point: str, t: Tensor, fmt: Format) -> Tensor:
+        if isinstance(fmt, Scaled) and fmt.delayed:
+            return _delayed(layer, point, t, fmt)
+        if hook is None:
+            return quantize(t, fmt, generator=layer.generator)
         out = hook(layer, point, t, fmt)
         if not isinstance(out, Tensor) or out.shape != t.shape:
             raise ValueError(f"quantize_hook must return a tensor of shape {tuple(t.shape)} for point "
                              f"{point!r}, got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
         return out
     return q
+
+
+def _delayed(layer, point: str, t: Tensor, fmt: Scaled) -> Tensor:
+    """Delayed scaling (``bfp.scaled``): the scale from the largest amax of the point's history,
+    then, in training mode, this tensor's amax enters the history."""
+    hist = layer.amax_history(point)
+    with torch.no_grad():
+        x32 = t.detach().float()
+        y, scale = scaled_k.prepare(x32, fmt, given_amax=hist.max())
+        out = scaled_k.finish(quantize(y, fmt.fmt, generator=layer.generator), scale)
+        if layer.training:  # evaluation reads the history, never moves it
+            hist.copy_(torch.cat([scaled_k.amax(x32).reshape(1).to(hist), hist[:-1]]))
+    return out.to(t.dtype)
 
 
 def _point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> Tensor:

@@ -27,6 +27,7 @@ from torch import Tensor
 from . import functional as bfpF
 from .formats import Format, format_from_name
 from .precision import LayerPrecision
+from .scaled import Scaled
 
 __all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "CONVERTIBLE", "QUANTIZED_TYPES"]
 
@@ -43,18 +44,39 @@ class _QuantizedMixin:
     """Precision state and the controls the dynamic-precision engine uses."""
 
     def _init_quantized(self, precision: Optional[LayerPrecision]) -> None:
-        self.precision = _check_precision(precision)
         self.quantize_hook = None
         self.generator: Optional[torch.Generator] = None
+        self.set_precision(precision)
 
     def set_format(self, point: str, fmt: Union[Format, str, None]) -> None:
         """Set one point's format (a ``Format``, a preset name such as ``"fb16"``, or ``None``)."""
         if isinstance(fmt, str):
             fmt = format_from_name(fmt)
-        self.precision = self.precision.with_format(point, fmt)
+        self.set_precision(self.precision.with_format(point, fmt))
 
     def set_precision(self, precision: Optional[LayerPrecision]) -> None:
         self.precision = _check_precision(precision)
+        self._sync_histories()
+
+    def _sync_histories(self) -> None:
+        """A buffer ``amax_history_<point>`` for every point with delayed scaling (``bfp.scaled``),
+        of its history's length, on the layer's device; stale ones go. Buffers are state_dict
+        entries, so checkpoints carry the histories."""
+        dev = next((p.device for p in self.parameters(recurse=False) if not p.is_meta), torch.device("cpu"))
+        want = {f"amax_history_{p}": f.history for p, f in self.precision.formats().items()
+                if isinstance(f, Scaled) and f.delayed}
+        for name in [n for n in self._buffers if n.startswith("amax_history_") and n not in want]:
+            del self._buffers[name]
+        for name, n in want.items():
+            buf = self._buffers.get(name)
+            if buf is None or buf.numel() != n or buf.is_meta:
+                self.register_buffer(name, torch.zeros(n, dtype=torch.float32, device=dev))
+
+    def amax_history(self, point: str) -> Tensor:
+        """The amax history of ``point``'s delayed scaling (created if missing)."""
+        if f"amax_history_{point}" not in self._buffers:
+            self._sync_histories()
+        return self._buffers[f"amax_history_{point}"]
 
     def _gemm_kwargs(self) -> dict:
         return {"precision": self.precision, "quantizer": bfpF.layer_quantizer(self),
@@ -94,6 +116,7 @@ class QLinear(_QuantizedMixin, nn.Linear):
         with torch.device("meta"):
             new = cls(module.in_features, module.out_features, module.bias is not None, precision=precision)
         new._adopt(module)
+        new._sync_histories()  # made under the meta device: now on the weight's
         return new
 
     def forward(self, x: Tensor) -> Tensor:
@@ -119,6 +142,7 @@ class _QConvNd(_QuantizedMixin):
                       module.padding, module.dilation, module.groups, module.bias is not None,
                       module.padding_mode, precision=precision)
         new._adopt(module)
+        new._sync_histories()  # made under the meta device: now on the weight's
         return new
 
     def forward(self, x: Tensor) -> Tensor:

@@ -18,8 +18,18 @@ Overflow: none: step 3 clamps (saturation), so an Inf input becomes ``±fmt.max 
 (torchao's clamp does the same). NaN stays NaN and takes no part in amax. Underflow: values
 below ``fmt``'s smallest subnormal after scaling flush to zero, as in ``fmt``.
 Double rounding (``x * scale`` to float32, then to ``fmt``; without ``pow2``) is the
-recipe's own and is reproduced. Delayed scaling (an amax history, TransformerEngine's
-default) needs state per point and is not this format.
+recipe's own and is reproduced.
+
+Delayed scaling (``history=N``, TransformerEngine's default recipe, per tensor only): step 1
+uses the largest amax of the point's previous ``N`` roundings instead of this tensor's (scale
+1 before the first), and this tensor's amax then enters the history (the oldest leaves), in
+training mode only (evaluation reads the history, never moves it). A
+value above ``fmt.max / scale`` therefore saturates: the overflow delayed scaling trades for
+not reading the tensor first. The history is state of the layer that owns the point (a
+buffer ``amax_history_<point>``, saved in checkpoints and restored bit for bit); it is kept
+per process and updated at every rounding (each emulated worker's micro-batch adds one
+entry), where TransformerEngine reduces amax over ranks. ``bfp.quantize`` alone, without a
+layer, refuses a delayed format.
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ class Scaled(Format):
     granularity: str = "tensor"
     axis: int = -1
     pow2: bool = False
+    history: int = 0
 
     def __post_init__(self):
         fmt = format_from_name(self.fmt) if isinstance(self.fmt, str) else self.fmt
@@ -53,6 +64,15 @@ class Scaled(Format):
             raise ValueError(f"Scaled axis must be an integer, got {self.axis!r}")
         if not isinstance(self.pow2, bool):
             raise ValueError(f"Scaled pow2 must be True or False, got {self.pow2!r}")
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or not 0 <= self.history <= 4096:
+            raise ValueError(f"Scaled history must be an integer in [0, 4096] (0: current scaling), "
+                             f"got {self.history!r}")
+        if self.history and self.granularity != "tensor":
+            raise ValueError("Scaled history (delayed scaling) is per tensor: use granularity='tensor'")
+
+    @property
+    def delayed(self) -> bool:
+        return self.history > 0
 
     @property
     def rounding(self):
@@ -60,11 +80,15 @@ class Scaled(Format):
 
     def __repr__(self) -> str:
         where = "tensor" if self.granularity == "tensor" else f"row, axis={self.axis}"
-        return f"Scaled(e{self.fmt.exp}m{self.fmt.man}, {where}{', pow2' if self.pow2 else ''})"
+        extra = (", pow2" if self.pow2 else "") + (f", history={self.history}" if self.history else "")
+        return f"Scaled(e{self.fmt.exp}m{self.fmt.man}, {where}{extra})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "scaled", "fmt": self.fmt.to_dict(), "granularity": self.granularity, "axis": self.axis,
-                "pow2": self.pow2}
+        d = {"kind": "scaled", "fmt": self.fmt.to_dict(), "granularity": self.granularity, "axis": self.axis,
+             "pow2": self.pow2}
+        if self.history:
+            d["history"] = self.history
+        return d
 
 
 def _presets() -> dict[str, Scaled]:
@@ -74,6 +98,7 @@ def _presets() -> dict[str, Scaled]:
         out[f"fp8_{el}_tensorwise"] = Scaled(fmt)
         out[f"fp8_{el}_rowwise"] = Scaled(fmt, "row")
         out[f"fp8_{el}_rowwise_pow2"] = Scaled(fmt, "row", pow2=True)
+        out[f"fp8_{el}_delayed"] = Scaled(fmt, history=16)  # TransformerEngine's default history: 1024
     return out
 
 

@@ -75,3 +75,57 @@ def test_names_dicts_configs_and_bad_values():
         Scaled(format_from_name("fb16"))
     with pytest.raises(ValueError, match="Scaled axis 3 is out of range"):
         quantize(torch.ones(2, 2), Scaled(format_from_name("e4m3"), "row", 3))
+
+
+def test_delayed_scaling_uses_the_history_of_earlier_roundings_and_saturates_above_it(monkeypatch):
+    import bfp.functional as bf
+    from bfp import LayerPrecision
+    from bfp.layers import QLinear
+    layer = QLinear(6, 2, bias=False, precision=LayerPrecision(fi=Scaled(format_from_name("e4m3"), history=3)))
+    got, real = [], bf._delayed
+    monkeypatch.setattr(bf, "_delayed", lambda *a: got.append(real(*a)) or got[-1])
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(4, 6, generator=g) * s for s in (1.0, 50.0, 0.5, 3.0, 0.1)]
+    amaxes = []
+    for x in xs:
+        layer(x)
+        prev = max(amaxes[-3:]) if amaxes else F32(0)  # the scale comes from the earlier roundings only
+        scale = F32(448) / prev if prev > 0 else F32(1)
+        y = np.clip((x.numpy() * scale).astype(F32), F32(-448), F32(448))
+        want = (y.astype(ml_dtypes.float8_e4m3fn).astype(F32) / scale).astype(F32)
+        assert_same_bits(got[-1], torch.from_numpy(want))
+        amaxes.append(np.abs(x.numpy()).max())
+    assert layer.amax_history_fi.tolist() == amaxes[::-1][:3]
+    assert float(got[1].abs().max()) < float(xs[1].abs().max())  # 50x after a 1x history: saturated
+    layer.eval()  # evaluation reads the history, never moves it
+    before = layer.amax_history_fi.clone()
+    layer(xs[0] * 1000)
+    assert torch.equal(layer.amax_history_fi, before)
+
+
+def test_delayed_scaling_needs_a_layer_and_is_per_tensor():
+    with pytest.raises(ValueError, match="delayed scaling: its amax history is state of a quantized layer"):
+        quantize(torch.ones(3), format_from_name("fp8_e4m3_delayed"))
+    with pytest.raises(ValueError, match="delayed scaling\\) is per tensor"):
+        Scaled(format_from_name("e4m3"), "row", history=4)
+    f = format_from_name("fp8_e5m2_delayed")
+    assert f.history == 16 and format_from_dict(f.to_dict()) == f
+
+
+def test_delayed_scaling_histories_are_checkpointed_and_a_resume_is_bit_exact(tiny_args, tmp_path):
+    import shutil
+    from bfp.cli import cifar as main
+    from bfp.engine import checkpoint as ckpt
+    args = tiny_args("--training-epochs", "2", "--save", "True", "--save-interval", "1", "--bfp", "any_fp8_delayed",
+                     "--run-name", "a")
+    assert main(args) == 0
+    a, b = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    shutil.copytree(a, b)
+    (b / "checkpoints" / "last.pt").unlink()
+    assert main([*tiny_args(), "--resume", str(b / "checkpoints" / "epoch_001.pt")]) == 0
+    straight, resumed = (ckpt.load(d / "checkpoints" / "last.pt")["model"] for d in (a, b))
+    hist = [k for k in straight if "amax_history_" in k]
+    assert hist and any(straight[k].abs().sum() > 0 for k in hist)
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+    first = ckpt.load(a / "checkpoints" / "epoch_001.pt")["model"]
+    assert any(not torch.equal(first[k], straight[k]) for k in hist)  # epoch 2 moved the histories

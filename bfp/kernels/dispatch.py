@@ -62,6 +62,9 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     if isinstance(fmt, NVFP4):  # two-level scaling: its own kernels (bfp.kernels.nvfp4)
         return _nvfp4(x, fmt, generator, backend, stats)
+    if isinstance(fmt, Scaled) and fmt.delayed:
+        raise ValueError(f"{fmt!r} is delayed scaling: its amax history is state of a quantized layer's point; "
+                         f"use it in a layer's precision (bfp.quantize alone has no history)")
     if isinstance(fmt, Scaled) and x.device.type != "meta" and x.numel():  # scale, round as fmt.fmt, unscale
         x32 = x.detach().to(torch.float32).contiguous()
         y, scale = scaled.prepare(x32, fmt)

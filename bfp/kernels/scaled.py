@@ -3,6 +3,8 @@
 PyTorch float32 operations, so the same on every device."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..scaled import Scaled
@@ -10,10 +12,20 @@ from ..scaled import Scaled
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
-def prepare(x32: torch.Tensor, fmt: Scaled) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(clamp(x * scale, -max, max), scale)`` of float32 ``x32`` (steps 1-3 of ``bfp.scaled``)."""
+def amax(x32: torch.Tensor) -> torch.Tensor:
+    """The largest finite magnitude of ``x32`` (0-dim; 0 for an empty tensor)."""
     a = torch.where(torch.isfinite(x32), x32.abs(), 0.0)
-    if fmt.granularity == "tensor" or x32.dim() == 0:
+    return a.amax() if a.numel() else torch.zeros((), device=x32.device)
+
+
+def prepare(x32: torch.Tensor, fmt: Scaled, given_amax: Optional[torch.Tensor] = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(clamp(x * scale, -max, max), scale)`` of float32 ``x32`` (steps 1-3 of ``bfp.scaled``);
+    ``given_amax``: delayed scaling's amax (the history's largest) instead of ``x32``'s."""
+    a = torch.where(torch.isfinite(x32), x32.abs(), 0.0)
+    if given_amax is not None:
+        amax = given_amax.to(device=x32.device, dtype=torch.float32)
+    elif fmt.granularity == "tensor" or x32.dim() == 0:
         amax = a.amax() if a.numel() else torch.zeros((), device=x32.device)
     else:
         axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
