@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import sys
 from typing import Optional, Sequence
 
@@ -27,6 +28,12 @@ from .train_config import apply_resume, parse_args
 WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EIO}
 
 
+# What gloo/NCCL/c10d errors say when a peer dies, freezes or its connection goes
+# ("Connection closed by peer", "Timed out waiting ... for recv", "Application timeout
+# caused pair closure", ...).
+PEER_FAILURE = re.compile(r"gloo|nccl|c10d|timed out|timeout|connection|by peer|pair closure|socket", re.I)
+
+
 def peer_failure(e: BaseException) -> Optional[str]:
     """The message for a collective that failed because another process died, froze or became
     unreachable (gloo/NCCL errors, --dist-timeout expiring); None for any other error."""
@@ -34,9 +41,7 @@ def peer_failure(e: BaseException) -> Optional[str]:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     text = str(e)
-    if not (isinstance(e, getattr(dist, "DistError", ())) or any(
-            k in text for k in ("gloo", "NCCL", "Connection reset by peer", "Connection closed by peer",
-                                "Timed out", "timed out"))):
+    if not (isinstance(e, getattr(dist, "DistError", ())) or PEER_FAILURE.search(text)):
         return None
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     return (f"rank {dist.get_rank()} of {dist.get_world_size()}: a collective failed ({first[:300]}). Another "
