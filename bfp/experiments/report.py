@@ -154,13 +154,15 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
              "run by `python -m bfp.experiments run " + table + " --data DIR`.", ""]
     if any_doc:
         m, v = any_doc["machine"], any_doc["versions"]
-        commits = sorted({d.get("git_commit") or "unknown" for d in res.values()})
+        commits = sorted({(d.get("git_commit") or "unknown")[:12] + ("+" if "+dirty" in (d.get("git_commit") or "")
+                                                                     else "") for d in res.values()})
         lines += ["## Setup", "", f"{any_doc['setup']}.", "",
                   f"Machine: {m.get('cpu')} ({m.get('cores')} cores), {m.get('platform')}; Python "
                   f"{m.get('python')}, torch {v.get('torch')}, numba {v.get('numba')}, numpy {v.get('numpy')}; "
                   f"threads {any_doc['threads']}, seed {any_doc['seed']}; bfpsim commit(s) "
-                  f"{', '.join(c[:12] for c in commits)}. Times are training-epoch times on a shared "
-                  "2-core machine (load averages are in each result file), so their ratios are rough.", ""]
+                  f"{', '.join(commits)} (each row's commit when it started; `+`: with uncommitted changes). "
+                  "Times are training-epoch times on a shared 2-core machine (load averages are in each result "
+                  "file), so their ratios are rough.", ""]
     lines += ["## Table", "", *table_lines(res, rows), "",
               f"Δ: final top-1 minus FP32's, in points. Claims below compare final top-1 with a tolerance of "
               f"{TOL:g} point (one seed, so differences under about a point are noise).", ""]
