@@ -269,6 +269,19 @@ INT8 = "int8"
 MX_SCALE_MODES = ("floor", "ceil", "even", "rceil")
 
 
+def block_shape(block: Any, what: str) -> Union[int, tuple[int, ...]]:
+    """A block size, or a tuple of them (a 2-D block, the last entry along the format's axis);
+    a one-entry list is the plain size. ``ValueError`` naming ``what`` otherwise."""
+    if isinstance(block, (list, tuple)):
+        if not block:
+            raise ValueError(f"{what} block must be a positive integer or a non-empty list of them, got []")
+        for b in block:
+            _int_in(b, 1, 2 ** 31 - 1, f"{what} block entry")
+        return int(block[0]) if len(block) == 1 else tuple(block)
+    _int_in(block, 1, 2 ** 31 - 1, f"{what} block")
+    return block
+
+
 @dataclass(frozen=True)
 class MX(Format):
     """OCP Microscaling (MX v1.0) block format.
@@ -327,14 +340,7 @@ class MX(Format):
         if isinstance(el, Float) and el.overflow is not Overflow.SATURATE:
             raise ValueError("MX elements saturate (OCP MX v1.0): use overflow='saturate'")
         object.__setattr__(self, "element", el)
-        if isinstance(self.block, (list, tuple)):  # a 2-D (N-d) block: the last entry along axis
-            if not self.block:
-                raise ValueError("MX block must be a positive integer or a non-empty list of them, got []")
-            for b in self.block:
-                _int_in(b, 1, 2 ** 31 - 1, "MX block entry")
-            object.__setattr__(self, "block", int(self.block[0]) if len(self.block) == 1 else tuple(self.block))
-        else:
-            _int_in(self.block, 1, 2 ** 31 - 1, "MX block")
+        object.__setattr__(self, "block", block_shape(self.block, "MX"))
         if self.scale_mode not in MX_SCALE_MODES:
             raise ValueError(f"MX scale_mode {self.scale_mode!r} unknown; allowed: {', '.join(MX_SCALE_MODES)}")
         if isinstance(self.axis, bool) or not isinstance(self.axis, int):

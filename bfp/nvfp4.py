@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .formats import Format, Rounding, _int_in, register_family
+from .formats import Format, Rounding, block_shape, register_family
 
 E2M1_MAX, E4M3_MAX, E4M3_TINY = 6.0, 448.0, 2.0 ** -6
 
@@ -49,14 +49,7 @@ class NVFP4(Format):
     tensor_scale: bool = True
 
     def __post_init__(self):
-        if isinstance(self.block, (list, tuple)):  # 2-D blocks (16x16 weights): last entry along axis
-            if not self.block:
-                raise ValueError("NVFP4 block must be a positive integer or a non-empty list of them, got []")
-            for b in self.block:
-                _int_in(b, 1, 2 ** 31 - 1, "NVFP4 block entry")
-            object.__setattr__(self, "block", int(self.block[0]) if len(self.block) == 1 else tuple(self.block))
-        else:
-            _int_in(self.block, 1, 2 ** 31 - 1, "NVFP4 block")
+        object.__setattr__(self, "block", block_shape(self.block, "NVFP4"))  # 2-D: 16x16 weights
         if isinstance(self.axis, bool) or not isinstance(self.axis, int):
             raise ValueError(f"NVFP4 axis must be an integer, got {self.axis!r}")
         try:

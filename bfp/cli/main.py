@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import re
 import sys
 from typing import Optional, Sequence
@@ -94,8 +95,9 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         failed = peer_failure(e)
         if failed is None:
             raise
-        print(f"{prog}: error: {failed}", file=sys.stderr)
-        return 4
+        print(f"{prog}: error: {failed}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(4)  # no process-group teardown: it would wait on the dead or frozen peer
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
