@@ -13,7 +13,6 @@ import csv
 import json
 import os
 import platform
-import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
@@ -58,19 +57,6 @@ def mean_bits(run_dir: Path, total_steps: int) -> Optional[float]:
         acc += bits * (total_steps - at)
         means.append(acc / total_steps)
     return sum(means) / len(means)
-
-
-def git_commit(where: Path) -> Optional[str]:
-    try:
-        out = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode:
-        return None
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def machine() -> dict[str, Any]:

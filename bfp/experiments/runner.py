@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..engine import logs
 from . import matrix, results
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def _loadavg() -> Optional[list[float]]:
 def _invoke(argv: list[str], log: Path, say: Callable[[str], None]) -> int:
     say("  $ " + matrix.shell(argv))
     _log(log, {"argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": _loadavg(),
-               "git_commit": results.git_commit(REPO)})
+               "git_commit": logs.git_commit(REPO)})
     t = time.monotonic()
     rc = subprocess.call(script_argv(argv), env={**os.environ, "PYTHONUNBUFFERED": "1"})  # lines as they come
     _log(log, {"wall_s": round(time.monotonic() - t, 2), "returncode": rc, "loadavg_end": _loadavg()})
