@@ -23,6 +23,15 @@ implementations, both on top of ``bfp.quantize``:
     chunks model hardware with a ``chunk``-wide dot-product unit that feeds a
     narrow accumulator.
 
+Per-product accumulators (``acc.mul``, ``acc.fma``, ``acc.exact``; ``chunk=1``)
+run one loop over ``K`` shared by both functions (``_per_product``): each
+product is rounded to ``acc.mul`` (default ``acc.fmt``) and added with a
+rounding to ``acc.fmt``; with ``fma`` the unrounded product is added with one
+rounding; with ``exact`` every rounding sees the exact product or sum (float64
+products of the float32 inputs are exact, sums are TwoSum pairs, rounded
+through ``bfp.kernels.exact``), otherwise the product and sum are float32
+operations first (``fma``: float32 ``fmaf``), as mptorch computes them.
+
 With ``acc.kahan`` both add with Kahan compensation, every operation of the
 compensated sum (``y = t - c``, ``s + y``, ``(s' - s) - y``) rounded to
 ``acc.fmt``: the compensation term lives in the same narrow registers, as in
@@ -44,6 +53,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from .kernels import quantize
+from .kernels.exact import nearest32, round_exact, two_sum
 from .kernels.inplace import add_quantize_, quantize_
 # The accumulator spec is a value type beside LayerPrecision; exported here too.
 from .precision import GEMMS, Accumulator, accumulator_from_dict  # noqa: F401
@@ -110,6 +120,36 @@ def _running_sum(terms: Iterator[torch.Tensor], acc: Accumulator,
     return s
 
 
+def _per_product(a3: torch.Tensor, b3: torch.Tensor, acc: Accumulator,
+                 generator: Optional[torch.Generator]) -> Optional[torch.Tensor]:
+    """The sequential sum of a per-product accumulator (see the module docstring).
+
+    Every intermediate is an exact value held as a float64 pair ``(hi, lo)``
+    until ``r`` rounds it: to the format directly (``exact``) or through the
+    float32 result of the operation (not ``exact``).
+    """
+    def r(pair, fmt):
+        if acc.exact:
+            return round_exact(*pair, fmt, generator=generator).double()
+        return quantize(nearest32(*pair), fmt, generator=generator).double()
+
+    a64, b64, pf = a3.double(), b3.double(), acc.product_format
+    s = comp = None
+    for j in range(a3.shape[-1]):
+        p = a64[:, :, j:j + 1] * b64[:, j:j + 1, :]  # exact: 24 x 24 significant bits
+        term = (p, None) if pf is None else (r((p, None), pf), None)
+        if s is None:
+            s, comp = r(term, acc.fmt), torch.zeros_like(p)
+        elif acc.kahan:
+            y = r(two_sum(term[0], -comp), acc.fmt)
+            total = r(two_sum(s, y), acc.fmt)
+            comp = r(two_sum(r(two_sum(total, -s), acc.fmt), -y), acc.fmt)
+            s = total
+        else:
+            s = r(two_sum(s, term[0]), acc.fmt)
+    return None if s is None else s.float()
+
+
 def _finish(s, shape, out_dtype, like):
     if s is None:  # K == 0: an empty sum
         return torch.zeros(shape, dtype=out_dtype, device=like.device)
@@ -126,7 +166,7 @@ def accumulate_matmul_reference(a: torch.Tensor, b: torch.Tensor, acc: Accumulat
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
     products = (rnd(a3[:, :, j:j + 1] * b3[:, j:j + 1, :]) for j in range(a3.shape[-1]))
     with _float32_arithmetic(a):
-        s = _sum_terms(products, acc, rnd)
+        s = _per_product(a3, b3, acc, generator) if acc.per_product else _sum_terms(products, acc, rnd)
     return _finish(s, shape, out_dtype, a)
 
 
@@ -175,7 +215,9 @@ def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
     a3, b3, shape, out_dtype = _operands(a, b, acc)
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
     with _float32_arithmetic(a):
-        if acc.kahan:
+        if acc.per_product:  # chunk == 1, product by product: the reference's loop
+            s = _per_product(a3, b3, acc, generator)
+        elif acc.kahan:
             s = _sum_terms(_chunk_sums(a3, b3, acc.chunk, rnd), acc, rnd)
         else:  # chunk sums are fresh tensors of ours: round them where they are
             rnd_ = lambda t: quantize_(t, acc.fmt, generator=generator)  # noqa: E731

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .formats import Float, Format, format_from_dict
+from .kernels.exact import check_exact
 
 POINTS = ("fw", "fi", "fo", "bwo", "bwi", "bwg", "bio", "biw", "big")
 # Points whose formats the dynamic controller moves together.
@@ -61,12 +62,21 @@ class Accumulator:
     compensated summation in ``fmt``. ``gemms``: which GEMMs of a layer use it,
     any of ``"forward"``, ``"input_grad"``, ``"weight_grad"`` (all by default:
     a narrow accumulator in hardware serves every GEMM it runs).
+
+    Per-product options (they need ``chunk=1``): ``mul``, a ``Float`` each
+    product is rounded to before it is added (default: ``fmt``); ``fma``, no
+    product rounding: the product is added to the running sum with one rounding
+    (``mul`` must then be unset); ``exact``, every rounding sees the exact
+    product or sum instead of its float32 rounding (``bfp.kernels.exact``).
     """
 
     fmt: Float
     chunk: int = 32
     kahan: bool = False
     gemms: tuple[str, ...] = GEMMS
+    mul: Optional[Float] = None
+    fma: bool = False
+    exact: bool = False
 
     def __post_init__(self):
         if not isinstance(self.fmt, Float):
@@ -85,6 +95,34 @@ class Accumulator:
             raise ValueError(f"Accumulator gemms {list(gemms)!r} invalid; allowed: a non-empty subset "
                              f"of {', '.join(GEMMS)}")
         object.__setattr__(self, "gemms", tuple(g for g in GEMMS if g in gemms))
+        self._check_products()
+
+    def _check_products(self):
+        if self.mul is not None and not isinstance(self.mul, Float):
+            raise ValueError(f"Accumulator mul must be a Float format or None, got {self.mul!r}")
+        for name in ("fma", "exact"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Accumulator {name} must be True or False, got {getattr(self, name)!r}")
+        if self.fma and self.mul is not None:
+            raise ValueError(f"Accumulator fma=True adds the unrounded product: mul must be None, "
+                             f"got mul={self.mul!r}")
+        if self.per_product and self.chunk != 1:
+            raise ValueError(f"Accumulator mul/fma/exact act on every product and need chunk=1 "
+                             f"(a larger chunk is a float32 dot product), got chunk={self.chunk}")
+        if self.exact:
+            check_exact(self.fmt, "Accumulator exact=True: fmt")
+            if self.mul is not None:
+                check_exact(self.mul, "Accumulator exact=True: mul")
+
+    @property
+    def per_product(self) -> bool:
+        """True when products are treated one by one beyond the plain chunk=1 rule."""
+        return self.mul is not None or self.fma or self.exact
+
+    @property
+    def product_format(self) -> Optional[Float]:
+        """The format each product is rounded to (None with fma)."""
+        return None if self.fma else (self.mul or self.fmt)
 
     def uses(self, gemm: str) -> bool:
         return gemm in self.gemms
@@ -92,22 +130,33 @@ class Accumulator:
     def __repr__(self) -> str:
         extra = ", kahan=True" if self.kahan else ""
         extra += "" if self.gemms == GEMMS else f", gemms={list(self.gemms)}"
+        extra += "" if self.mul is None else f", mul=e{self.mul.exp}m{self.mul.man}"
+        extra += ", fma=True" if self.fma else ""
+        extra += ", exact=True" if self.exact else ""
         return f"Accumulator(e{self.fmt.exp}m{self.fmt.man}, chunk={self.chunk}{extra})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fmt": self.fmt.to_dict(), "chunk": self.chunk, "kahan": self.kahan,
-                "gemms": list(self.gemms)}
+        """JSON-ready; the per-product keys only where they differ from the defaults."""
+        d = {"fmt": self.fmt.to_dict(), "chunk": self.chunk, "kahan": self.kahan,
+             "gemms": list(self.gemms)}
+        if self.mul is not None:
+            d["mul"] = self.mul.to_dict()
+        d.update({k: True for k in ("fma", "exact") if getattr(self, k)})
+        return d
 
 
 def accumulator_from_dict(d: dict[str, Any]) -> Accumulator:
     """Inverse of ``Accumulator.to_dict``; unknown keys are rejected by name."""
     if not isinstance(d, dict) or "fmt" not in d:
         raise ValueError(f"an accumulator dict needs a 'fmt' key, got {d!r}")
-    unknown = set(d) - {"fmt", "chunk", "kahan", "gemms"}
+    allowed = ("fmt", "chunk", "kahan", "gemms", "mul", "fma", "exact")
+    unknown = set(d) - set(allowed)
     if unknown:
-        raise ValueError(f"unknown accumulator keys {sorted(unknown)}; allowed: fmt, chunk, kahan, gemms")
+        raise ValueError(f"unknown accumulator keys {sorted(unknown)}; allowed: {', '.join(allowed)}")
     kw = dict(d)
-    kw["fmt"] = format_from_dict(d["fmt"])
+    for key in ("fmt", "mul"):
+        if kw.get(key) is not None:
+            kw[key] = format_from_dict(kw[key])
     return Accumulator(**kw)
 
 

@@ -168,15 +168,18 @@ def parse_precision(value: Any, inherited: Optional[Mapping[str, Any]] = None, s
 
 
 def parse_accumulator(value: Any, source: str = "<dict>", where: str = "") -> Optional[Accumulator]:
-    """``{"fmt": <format name or spec>, "chunk": 32, "kahan": false, "gemms": [...]}`` or null."""
+    """``{"fmt": <format name or spec>, "chunk": 32, "kahan": false, "gemms": [...], "mul": <format>,
+    "fma": false, "exact": false}`` (the last three optional) or null."""
     if value is None:
         return None
     if not isinstance(value, dict) or "fmt" not in value:
         raise _fail(source, where, f"{value!r} invalid; allowed: null or {{\"fmt\": format, \"chunk\": int, "
-                                   "\"kahan\": bool, \"gemms\": [\"forward\", \"input_grad\", \"weight_grad\"]}")
-    fmt = parse_format(value["fmt"], None, source, f"{where}.fmt")
+                                   "\"kahan\": bool, \"gemms\": [\"forward\", \"input_grad\", \"weight_grad\"], "
+                                   "\"mul\": format, \"fma\": bool, \"exact\": bool}")
+    formats = {k: parse_format(value[k], None, source, f"{where}.{k}").to_dict()
+               for k in ("fmt", "mul") if value.get(k) is not None}
     try:
-        return accumulator_from_dict({**value, "fmt": fmt.to_dict()})
+        return accumulator_from_dict({**value, **formats})
     except ValueError as e:
         raise _fail(source, where, str(e)) from None
 

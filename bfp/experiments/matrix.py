@@ -85,6 +85,13 @@ ROWS = (
     Row("mxfp8-rceil", "formats", "MXFP8 with the RCEIL scale (NVIDIA's MXFP8 recipe)",
         ("--bfp", "any_mxfp8_rceil")),
     Row("nvfp4", "formats", "NVFP4 (E2M1, E4M3 scale per 16, FP32 tensor scale)", ("--bfp", "any_nvfp4")),
+    Row("nvfp4-recipe", "formats",
+        "NVFP4 recipe: 16x16 weight blocks, stochastic gradients (Hadamard: Linear only, none quantized here)",
+        ("--bfp", "any_nvfp4_recipe")),
+    Row("fp8-tensorwise", "formats", "FP8 current scaling (per-tensor amax; e4m3 forward, e5m2 gradients)",
+        ("--bfp", "any_fp8_tensorwise")),
+    Row("fp8-delayed", "formats", "FP8 delayed scaling (amax history of 16; e4m3 forward, e5m2 gradients)",
+        ("--bfp", "any_fp8_delayed")),
 )
 
 _SETUP = ("-m", "ResNet10", "--model-opt", "width=16", "-d", "CIFAR10", "--gpu-data", "True",
