@@ -53,8 +53,27 @@ def _edges() -> list[torch.Tensor]:
     rows.append([1.0, float("nan"), 480.0, float("inf"), -2.0, 0.0, 1e-3, 3.0, float("-inf")] + [0.5] * 10)
     edge = torch.tensor(rows, dtype=torch.float32)
     rand = torch.randn(24, 80, generator=g) * torch.exp2(torch.randint(-20, 20, (24, 80), generator=g).float())
-    return [edge, rand, torch.zeros(3, 16), torch.full((2, 16), 3e38), torch.full((2, 16), 1e-43),
+    return [edge, rand, _ties(), torch.zeros(3, 16), torch.full((2, 16), 3e38), torch.full((2, 16), 1e-43),
             torch.tensor([[float("inf"), 0.0, float("nan"), -0.0]])]
+
+
+def _ties() -> torch.Tensor:
+    """Rows of 16 hitting the roundings' ties (for tensor_scale=False, block 16): block maxima
+    at 6 x an E4M3 midpoint (or a float32 ulp either side), so the block scale is a tie; and
+    blocks of scale s (max 6 s) holding s x each E2M1 midpoint, a ulp either side, and -0."""
+    rows = []
+    up, down = 1 + 2 ** -23, 1 - 2 ** -24
+    for e in (-6, -2, 0, 3, 7, 8):
+        for k in range(8, 16):
+            mid = (k + 0.5) / 8 * 2.0 ** e
+            for amax in (6 * mid, 6 * mid * up, 6 * mid * down):  # one block each: its maximum
+                rows.append([amax] + [mid * f for f in (1, 2, 3, 0.5, -4, 5.9, -0.3)] + [0.0] * 8)
+            s = k / 8 * 2.0 ** e
+            if 6 * s <= 448 * 6:
+                ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+                rows.append([6 * s] + [s * v * f for v in ties[:5] for f in (1, up, -down)][:14] + [-0.0])
+                rows.append([-6 * s] + [s * v * f for v in ties[3:] for f in (1, down, -up)] + [s * 0.24] * 3)
+    return torch.tensor(rows, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("tensor_scale", [True, False])
