@@ -24,8 +24,9 @@ roundings, then clamped: saturation). Underflow: elements below a quarter of a
 block's E2M1 step round to zero (E2M1 has one subnormal, 0.5). NaN stays NaN and
 Inf becomes NaN (E2M1 has neither); neither takes part in the maxima. The double
 rounding of steps 4 (``x / ts`` to float32, then to E2M1) is the recipe's own and is
-reproduced, not avoided. The CPU kernel (``bfp.kernels.nvfp4``) and the PyTorch
-reference (which also serves CUDA tensors, and 2-D blocks) compute exactly these operations.
+reproduced, not avoided. The Numba CPU kernel (``bfp.kernels.nvfp4``), the Numba CUDA
+kernels (``bfp.kernels.nvfp4_cuda``) and the PyTorch reference (any device; 2-D blocks)
+compute exactly these operations.
 """
 from __future__ import annotations
 

@@ -188,7 +188,8 @@ def cpu(xm: torch.Tensor, fmt: NVFP4, keys) -> torch.Tensor:
 
 def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     """NVFP4 of float32 ``x32`` (a new tensor); ``backend`` "cpu" runs the Numba kernel on CPU
-    tensors, anything else the PyTorch reference."""
+    tensors, "cuda" the Numba CUDA kernels (``nvfp4_cuda``; 1-D blocks), "reference" the PyTorch
+    reference (2-D blocks always)."""
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
@@ -202,5 +203,11 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
         return reference(x32.contiguous(), fmt, keys, tuple(tile))
     xm = x32.reshape(1) if x32.dim() == 0 else x32
     xm = xm.movedim(axis, -1).contiguous()
-    out = cpu(xm, fmt, keys) if backend == "cpu" and not xm.is_cuda else reference(xm, fmt, keys)
+    out = None
+    if backend == "cpu" and not xm.is_cuda:
+        out = cpu(xm, fmt, keys)
+    elif backend == "cuda":
+        from . import nvfp4_cuda  # Numba CUDA loads on first use
+        out = nvfp4_cuda.quantize(xm, fmt, keys, MODE[fmt.rounding], tensor_scale)
+    out = reference(xm, fmt, keys) if out is None else out
     return out.movedim(-1, axis).reshape(x32.shape)
