@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch.nn as nn
 
 from . import layers as L
+from .attention import MultiheadAttention
 from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
                      legacy_dict, legacy_entry, load_config)
 from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
@@ -60,6 +61,18 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
+def _named_attention(model: nn.Module) -> nn.Module:
+    """Every ``nn.MultiheadAttention`` replaced by ``bfp.attention.MultiheadAttention`` (same
+    Parameters and results), whose products are named convertible modules (``qkv``, ``qk``,
+    ``pv``, ``proj``)."""
+    if isinstance(model, nn.MultiheadAttention):
+        return MultiheadAttention.from_float(model)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.MultiheadAttention):
+            _set_submodule(model, name, MultiheadAttention.from_float(module))
+    return model
+
+
 def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
     """Quantize ``model``'s layers as ``config`` says, in place, and return the model.
 
@@ -77,6 +90,7 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
     cfg = load_config(config)
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
+    model = _named_attention(model)
     layers = convertible_layers(model)
     if getattr(model, "bfp_config_renames", ()):  # torchvision models: CIFAR preset names (bfp.config.rename)
         cfg = adapt_names(cfg, model.bfp_config_renames, layers)

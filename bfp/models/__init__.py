@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from . import alexnet, densenet, mixer, mobilenet, resnet, vgg
+from . import alexnet, densenet, mixer, mobilenet, resnet, vgg, vit
 
 _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "ResNet10": resnet.ResNet10,
@@ -37,6 +37,7 @@ _REGISTRY: dict[str, Callable[..., nn.Module]] = {
     "MobileNetV2": mobilenet.MobileNetV2,
     "AlexNet": alexnet.AlexNet,
     "MLPMixer": mixer.MLPMixer,
+    "ViT": vit.ViT,
 }
 # Spellings of the original simulator and of kuangliu/pytorch-cifar.
 _ALIASES = {"densenet_cifar": "DenseNetCifar", "mlp-mixer": "MLPMixer", "mixer": "MLPMixer",
