@@ -171,6 +171,5 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="channel to post to (default from $BFP_SLACK_CHANNEL)")
     g.add_argument("--slack-base-url", default=None, help=argparse.SUPPRESS)  # tests: a local server
     add_resume_flags(p, b)
-    if task.hooks is not None:  # imagenet.py: the PyTorch ImageNet example's flags (bfp.cli.imagenet_flags)
-        task.hooks.add_flags(p)
+    task.hooks.add_flags(p)  # e.g. imagenet.py: the PyTorch ImageNet example's flags
     return p

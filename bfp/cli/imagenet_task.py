@@ -1,8 +1,7 @@
 """What ``imagenet.py`` changes on the shared engine: its flags, models, data and launch.
 
-A ``Task`` with ``hooks`` set (``bfp.cli.tasks.IMAGENET``) has the run
-assembly (``bfp.cli.run``) ask these hooks where ``cifar.py`` uses its own
-parts: torchvision architectures instead of ``bfp.models``, the ImageNet
+``bfp.cli.tasks.IMAGENET``'s hooks (``bfp.cli.task_base.TaskHooks``) give the run
+assembly (``bfp.cli.run``) imagenet.py's parts where ``cifar.py`` has its own: torchvision architectures instead of ``bfp.models``, the ImageNet
 image-folder data of ``bfp.engine.imagenet_data`` at ``--image-size``, the
 example's distributed flags turned into the environment
 (``bfp.cli.dist_launch``). Everything else (checkpoints, resume, logs,
@@ -25,6 +24,7 @@ from ..engine.callbacks import Callback
 from ..engine.imagenet_data import load_imagenet
 from ..models import torchvision_models as tv
 from . import dist_launch, imagenet_flags
+from .task_base import TaskHooks
 
 
 class PrintFreq(Callback):
@@ -45,7 +45,7 @@ class PrintFreq(Callback):
                     f"lr {trainer.schedule.get_last_lr()[0]:.6f}{rate}")
 
 
-class ImagenetHooks:
+class ImagenetHooks(TaskHooks):
     """The hooks ``bfp.cli.run`` and ``bfp.cli.main`` call for ``imagenet.py``."""
 
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
@@ -80,10 +80,14 @@ class ImagenetHooks:
         if args.evaluate and not (args.resume or args.pretrained):
             raise ValueError("-e/--evaluate needs weights: --resume RUN_OR_CHECKPOINT or --pretrained [PATH]")
 
-    def image_size(self, args: argparse.Namespace) -> int:
-        return args.image_size
+    def example_input(self, args: argparse.Namespace, in_channels: int) -> tuple[torch.Tensor, str]:
+        s = args.image_size
+        return torch.zeros(2, in_channels, s, s), f"{s}x{s} images"
 
-    def make_model(self, args: argparse.Namespace, num_classes: int) -> nn.Module:
+    def evaluate_only(self, args: argparse.Namespace) -> bool:
+        return bool(args.evaluate)
+
+    def make_model(self, args: argparse.Namespace, num_classes: int, in_channels: int) -> nn.Module:
         model = tv.create(args.model, num_classes)
         if args.pretrained:
             file = tv.pretrained_file(args.model, None if args.pretrained == "default" else args.pretrained)

@@ -62,16 +62,15 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
             args, plan = apply_resume(task, args)
         args.plan_has_precision = bool(plan.precision)
         check_args(task, args)
-        if task.hooks is not None:  # imagenet.py's distributed flags: set the environment or spawn workers
-            try:
-                status = task.hooks.before_run(task, args, argv)
-            except ValueError as e:
-                raise UsageError(str(e)) from None
-            if status is not None:
-                return status
+        try:  # e.g. imagenet.py's distributed flags: set the environment or spawn workers
+            status = task.hooks.before_run(task, args, argv)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if status is not None:
+            return status
         if args.mode == "generate-config":
             generate_config(task, args)
-        elif getattr(args, "evaluate", False):
+        elif task.hooks.evaluate_only(args):
             evaluate(task, args, plan)
         elif args.compare:
             compare(task, args, plan)

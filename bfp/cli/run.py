@@ -15,11 +15,9 @@ import numba
 import numpy as np
 import torch
 
-from .. import models
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
-from ..engine import data as data_mod
 from ..engine import images
 from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
@@ -31,7 +29,7 @@ from .amp_flags import amp_callbacks, make_amp
 from .dist_run import distributed_setup
 from .flags import UsageError
 from .resume_checks import check_data, check_world, load_state, remove_stale_temps
-from .tasks import Task
+from .tasks import CIFAR, Task
 from .train_config import resume_checkpoint
 
 
@@ -80,10 +78,9 @@ def max_threads() -> int:
 def check_args(task: Task, args: argparse.Namespace) -> None:
     hooks = task.hooks
     try:
-        args.model = (hooks.canonical_model if hooks else models.canonical_name)(args.model)
-        args.dataset = (hooks.canonical_dataset if hooks else data_mod.canonical_name)(args.dataset)
-        if hooks:
-            hooks.check_args(args)
+        args.model = hooks.canonical_model(args.model)
+        args.dataset = hooks.canonical_dataset(args.dataset)
+        hooks.check_args(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.training_epochs is None:
@@ -124,19 +121,18 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
 
 def make_model(task: Task, args: argparse.Namespace, num_classes: int, in_channels: int):
     try:
-        model = task.hooks.make_model(args, num_classes) if task.hooks else \
-            models.create(args.model, num_classes, in_channels, **dict(args.model_opt))
+        model = task.hooks.make_model(args, num_classes, in_channels)
     except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
-    # A model built for another image size (MLPMixer's image_size) fails now with
-    # its options named, not mid-training.
-    size = task.hooks.image_size(args) if task.hooks else task.image_size
+    # A model built for other inputs (MLPMixer's image_size) fails now with its
+    # options named, not mid-training.
+    example, words = task.hooks.example_input(args, in_channels)
     try:
         with torch.no_grad():
-            model.eval()(torch.zeros(2, in_channels, size, size))
+            model.eval()(example)
     except RuntimeError as e:
         opts = " ".join(f"--model-opt {k}={v}" for k, v in args.model_opt) or "(no --model-opt)"
-        raise UsageError(f"--model {args.model} {opts} does not take {size}x{size} images: {e}") from None
+        raise UsageError(f"--model {args.model} {opts} does not take {words}: {e}") from None
     return model.train()
 
 
@@ -209,7 +205,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
         trainer = Trainer(model, data, config, device=device, log=log,
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
                           callbacks=make_callbacks(args, model, token, run_dir, log) + images.report_callbacks(data)
-                          + (task.hooks.callbacks(args) if task.hooks else []), plan=plan,
+                          + task.hooks.callbacks(args), plan=plan,
                           network_config=initial, name=args.model, optimizer_factory=dist.optimizer_factory,
                           amp=make_amp(args, config.compute_dtype, device.type), step=dist.step,
                           extra_state={"args": public_args, "plan": plan.to_json(),
@@ -251,14 +247,7 @@ def load_data(args: argparse.Namespace, device: torch.device, task: Optional[Tas
               shard: tuple[int, int, int] = (0, 1, 1)):
     """The run's data; ``shard`` = (rank, world, workers) of a distributed or emulated run."""
     try:
-        if task is not None and task.hooks is not None:
-            return task.hooks.load_data(args, device, shard)
-        return data_mod.load(args.dataset, args.dataset_path, batch_size_train=args.batch_size_train,
-                             batch_size_test=args.batch_size_test, num_workers=args.num_workers,
-                             device=device, gpu_data=args.gpu_data, seed=args.seed, channels=args.in_channels,
-                             limit_train=args.limit_train_images, limit_test=args.limit_test_images,
-                             strict_images=args.strict_images, rank=shard[0], world=shard[1],
-                             workers=shard[2])
+        return (task or CIFAR).hooks.load_data(args, device, shard)
     except (DataError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
 

@@ -1,16 +1,17 @@
 """What differs between the scripts on the engine: one ``Task`` per script.
 
-A task names its script, its datasets' defaults, the image size its models
-are built for and the class count a model needs before any data is loaded
-(``--mode generate-config``). Everything else (flags, run assembly,
-checkpoints, logs) is shared.
+A task names its script, its datasets' defaults and the class count a model
+needs before any data is loaded (``--mode generate-config``), and carries its
+``hooks`` (``bfp.cli.task_base.TaskHooks``: flags, models, data, callbacks).
+Everything else (flags, run assembly, checkpoints, logs) is shared.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
 
+from .cifar_task import CifarHooks
 from .imagenet_task import ImagenetHooks
+from .task_base import TaskHooks
 
 
 @dataclass(frozen=True)
@@ -21,15 +22,13 @@ class Task:
     description: str
     default_dataset: str
     default_model: str
-    image_size: int                 # models get a trial forward of this size before training
     default_epochs: int
     epochs_by_dataset: dict[str, int] = field(default_factory=dict)
     classes_by_dataset: dict[str, int] = field(default_factory=dict)
     default_classes: int = 10
-    # None: cifar.py's models, data and flags. Otherwise an object whose methods
-    # bfp.cli.run/main call instead (add_flags, canonical_model, canonical_dataset,
-    # check_args, image_size, make_model, load_data, callbacks, before_run): ImagenetHooks.
-    hooks: Optional[Any] = None
+    # The script's models, data, flags and callbacks (bfp.cli.task_base.TaskHooks): the
+    # only thing bfp.cli.run/main/flags ask about a task beyond the fields above.
+    hooks: TaskHooks = field(default_factory=CifarHooks)
 
     def epochs(self, dataset: str) -> int:
         return self.epochs_by_dataset.get(dataset, self.default_epochs)
@@ -43,16 +42,16 @@ CIFAR = Task(
     name="cifar", prog="cifar.py", summary="train a 32x32 classifier (CIFAR-10/100, digits, image folders)",
     description="Train a 32x32 image classifier in FP32, mixed precision or simulated low precision "
                 "(block floating point, small floats, MX) and log the run under runs/<name>/.",
-    default_dataset="CIFAR10", default_model="ResNet18", image_size=32,
+    default_dataset="CIFAR10", default_model="ResNet18",
     default_epochs=200, epochs_by_dataset={"digits": 4},   # 200: the original's CIFAR schedule
-    classes_by_dataset={"CIFAR100": 100})
+    classes_by_dataset={"CIFAR100": 100}, hooks=CifarHooks())
 
 IMAGENET = Task(
     name="imagenet", prog="imagenet.py", summary="train a torchvision classifier on an ImageNet-style image folder",
     description="Train a torchvision ImageNet classifier (-a resnet18 ...) on DIR/train and DIR/val class folders "
                 "in FP32, mixed precision or simulated low precision, with the PyTorch ImageNet example's flags; "
                 "the run is logged under runs/<name>/ as cifar.py's.",
-    default_dataset="imagenet", default_model="resnet18", image_size=224,
+    default_dataset="imagenet", default_model="resnet18",
     default_epochs=90, default_classes=1000, hooks=ImagenetHooks())   # 90: the example's schedule
 
 TASKS: dict[str, Task] = {t.name: t for t in (CIFAR, IMAGENET)}
