@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .cifar_task import CifarHooks
 from .imagenet_task import ImagenetHooks
+from .lm_task import LMHooks
 from .task_base import TaskHooks
 
 
@@ -54,7 +55,15 @@ IMAGENET = Task(
     default_dataset="imagenet", default_model="resnet18",
     default_epochs=90, default_classes=1000, hooks=ImagenetHooks())   # 90: the example's schedule
 
-TASKS: dict[str, Task] = {t.name: t for t in (CIFAR, IMAGENET)}
+LM = Task(
+    name="lm", prog="lm.py", summary="train a character-level language model (GPT) on text",
+    description="Train a small GPT to predict the next character of a text (default: Python standard-library "
+                "source, offline) in FP32, mixed precision or simulated low precision; reports loss, bits per "
+                "character and next-character accuracy, samples text after each epoch, and logs the run under "
+                "runs/<name>/ as cifar.py's.",
+    default_dataset="pysrc", default_model="GPT", default_epochs=3, default_classes=128, hooks=LMHooks())
+
+TASKS: dict[str, Task] = {t.name: t for t in (CIFAR, IMAGENET, LM)}
 
 
 def get_task(name: str) -> Task:

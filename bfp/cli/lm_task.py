@@ -1,0 +1,112 @@
+"""``lm.py``'s parts on the shared engine: a character-level GPT on text (``bfp.engine.text``).
+
+The engine's classification loss and accuracy apply to next-character prediction (the
+GPT's logits and the targets are flattened alike): ``train_loss``/``test_loss`` are
+nats per character, ``*_acc1`` next-character accuracy. ``TextReport`` adds bits per
+character (``loss / ln 2``) to the log and TensorBoard, and samples a few lines of text
+at the end of each epoch from a generator of its own (the training's random state is
+untouched, so a resumed run stays bit-exact).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.nn as nn
+
+from ..engine.callbacks import Callback
+from ..engine.text import load_text
+from ..models.gpt import GPT
+from .task_base import TaskHooks
+
+SAMPLE_PROMPT = "def "
+
+
+class TextReport(Callback):
+    """Bits per character and a text sample after every epoch."""
+
+    name = "text_report"
+
+    def __init__(self, vocab: list[str], chars: int, seed: int):
+        self.vocab, self.chars, self.seed = vocab, chars, seed
+
+    def on_epoch_end(self, trainer, epoch: int, metrics: dict[str, float]) -> None:
+        bpc = {k: metrics[f"{k}_loss"] / math.log(2) for k in ("train", "test")}
+        trainer.log(f"epoch {epoch + 1}: bits per character train {bpc['train']:.3f} test {bpc['test']:.3f} "
+                    f"(uniform: {math.log2(len(self.vocab)):.3f})")
+        if trainer.writer is not None:
+            for k, v in bpc.items():
+                trainer.writer.add_scalar(f"lm/{k}_bits_per_char", v, epoch + 1)
+        if not self.chars:
+            return
+        model = trainer.model
+        lookup = {c: i for i, c in enumerate(self.vocab)}
+        prompt = [lookup[c] for c in SAMPLE_PROMPT if c in lookup] or [0]
+        dev = next(model.parameters()).device
+        was = model.training
+        model.eval()
+        try:
+            out = model.generate(torch.tensor([prompt], device=dev), self.chars,
+                                 generator=torch.Generator().manual_seed(self.seed + epoch))
+        finally:
+            model.train(was)
+        text = "".join(self.vocab[i] for i in out[0].tolist())
+        trainer.log("sample:\n    " + "\n    ".join(text.splitlines()[:8]))
+
+
+class LMHooks(TaskHooks):
+    """Character-level language modelling: ``GPT`` on ``pysrc`` or ``--data FILE.txt``."""
+
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("language model")
+        g.add_argument("--data", dest="dataset_path", default=None, metavar="FILE.txt",
+                       help="a UTF-8 text file to model (default: the pysrc corpus, Python standard-library "
+                            "source that every Python installation has)")
+        g.add_argument("--block-size", type=int, default=64, help="characters of context per window")
+        g.add_argument("--sample-chars", type=int, default=200,
+                       help="characters sampled after each epoch (0: none)")
+
+    def canonical_model(self, name: str) -> str:
+        if str(name).lower() != "gpt":
+            raise ValueError(f"--model {name!r}: lm.py trains a character-level decoder; allowed: GPT")
+        return "GPT"
+
+    def canonical_dataset(self, name: str) -> str:
+        if str(name).lower() not in ("pysrc", "text"):
+            raise ValueError(f"--dataset {name!r}: allowed: pysrc (the default corpus) or text (a file given "
+                             f"with --data FILE.txt)")
+        return str(name).lower()
+
+    def check_args(self, args: argparse.Namespace) -> None:
+        if args.block_size < 2:
+            raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
+        if args.sample_chars < 0:
+            raise ValueError(f"--sample-chars must be >= 0 (0: none), got {args.sample_chars}")
+        if args.dataset == "text" and not args.dataset_path:
+            raise ValueError("--dataset text needs --data FILE.txt")
+        if args.dataset == "pysrc" and args.dataset_path:
+            args.dataset = "text"
+
+    def make_model(self, args: argparse.Namespace, num_classes: int, in_channels: int) -> nn.Module:
+        opts = dict(args.model_opt)
+        allowed = ("dim", "depth", "heads", "mlp_ratio")
+        bad = sorted(set(opts) - set(allowed))
+        if bad:
+            raise ValueError(f"model GPT does not take {bad}; its options: {', '.join(allowed)} "
+                             f"(the context is --block-size)")
+        return GPT(num_classes, block=args.block_size, **opts)
+
+    def example_input(self, args: argparse.Namespace, in_channels: int) -> tuple[torch.Tensor, str]:
+        return torch.zeros(2, args.block_size, dtype=torch.long), f"sequences of {args.block_size} characters"
+
+    def load_data(self, args: argparse.Namespace, device: torch.device, shard: tuple[int, int, int]):
+        data = load_text(args.dataset_path, args.block_size, batch_size_train=args.batch_size_train,
+                         batch_size_test=args.batch_size_test, device=device, seed=args.seed,
+                         limit_train=args.limit_train_images, limit_test=args.limit_test_images,
+                         rank=shard[0], world=shard[1])
+        self._vocab = data.classes
+        return data
+
+    def callbacks(self, args: argparse.Namespace) -> list:
+        return [TextReport(self._vocab, args.sample_chars, args.seed)]

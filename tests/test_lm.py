@@ -1,0 +1,124 @@
+"""lm.py: the character-level language model task on the shared engine."""
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bfp.cli import run_task
+from bfp.engine import checkpoint as ckpt
+from bfp.engine.text import CORPUS_FILES, load_text
+from bfp.models.gpt import GPT
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
+
+
+def lm(*argv) -> int:
+    return run_task("lm", list(argv))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_text(TEXT, encoding="utf-8")
+    return p
+
+
+def small(tmp_path, *extra):
+    return ["--model-opt", "dim=32", "--model-opt", "depth=1", "--model-opt", "heads=2", "--block-size", "16",
+            "--batch-size-train", "16", "--batch-size-test", "32", "--threads", "1", "--progress", "False",
+            "--optim-lr", "0.05", "--sample-chars", "40", "--run-dir", str(tmp_path / "runs"), *extra]
+
+
+def test_text_windows_targets_are_the_next_characters(text_file):
+    data = load_text(str(text_file), 16, batch_size_train=4)
+    x, y = next(iter(data.train))
+    assert x.shape == (4, 16) and y.shape == (64,)
+    vocab = data.classes
+    for row, target in zip(x.tolist(), y.view(4, 16).tolist()):
+        s, t = "".join(vocab[i] for i in row), "".join(vocab[i] for i in target)
+        assert s[1:] == t[:-1] and (s + t[-1]) in TEXT
+    assert data.fingerprint["vocabulary"] == len(set(TEXT)) == data.num_classes
+
+
+def test_default_corpus_is_offline_python_source():
+    data = load_text(None, 64)
+    assert data.name == "pysrc" and data.fingerprint["characters"] > 200_000
+    assert len(CORPUS_FILES) == 10
+
+
+def test_gpt_is_causal_and_flattens_logits():
+    torch.manual_seed(0)
+    m = GPT(11, block=8, dim=16, depth=1, heads=2).eval()
+    x = torch.randint(0, 11, (2, 8))
+    y = m(x).view(2, 8, 11)
+    x2 = x.clone()
+    x2[:, 5:] = (x2[:, 5:] + 1) % 11  # later tokens cannot change earlier predictions
+    assert torch.equal(m(x2).view(2, 8, 11)[:, :5], y[:, :5])
+    with pytest.raises(ValueError, match="block=8 got a sequence of 9"):
+        m(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_lm_trains_reports_bits_per_character_and_samples(tmp_path, text_file, capsys):
+    assert lm(*small(tmp_path, "--data", str(text_file), "--training-epochs", "2", "--log", "True",
+                     "--run-name", "t")) == 0
+    out = capsys.readouterr().out
+    assert "bits per character" in out and "sample:" in out
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "t" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "test_loss" in r][-1]
+    assert last["test_loss"] < 0.5 * math.log(len(set(TEXT)))  # well below a uniform guess
+
+
+def test_lm_with_fp8_quantizes_the_attention_products(tmp_path, capsys):
+    assert lm(*small(tmp_path, "--bfp", "any_fp8_e4m3", "--training-epochs", "1", "--limit-train-images", "64",
+                     "--limit-test-images", "16")) == 0
+    out = capsys.readouterr().out
+    assert "blocks.0.attn.qk" in out and "blocks.0.attn.pv" in out
+
+
+def test_lm_resume_is_bit_exact(tmp_path, text_file):
+    args = small(tmp_path, "--data", str(text_file), "--training-epochs", "2", "--save", "True",
+                 "--save-interval", "1", "--limit-train-images", "48")
+    assert lm(*args, "--run-name", "straight") == 0
+    run = tmp_path / "runs" / "straight"
+    branch = tmp_path / "runs" / "branch"
+    shutil.copytree(run, branch)
+    (branch / "checkpoints" / "last.pt").unlink()
+    assert lm(*args, "--resume", str(branch / "checkpoints" / "epoch_001.pt")) == 0
+    a, b = ckpt.load(run / "checkpoints" / "last.pt"), ckpt.load(branch / "checkpoints" / "last.pt")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert [h["test_loss"] for h in a["history"]] == [h["test_loss"] for h in b["history"]]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--block-size", "1"], "--block-size must be >= 2, got 1"),
+    (["--model", "ResNet18"], "allowed: GPT"),
+    (["--data", "/no/such.txt"], "/no/such.txt: no such file"),
+    (["--model-opt", "width=4"], "does not take ['width']"),
+    (["--dataset", "CIFAR10"], "allowed: pysrc"),
+])
+def test_lm_bad_values_exit_2_naming_them(tmp_path, capsys, extra, message):
+    assert lm(*small(tmp_path, "--training-epochs", "1", *extra)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_lm_rejects_a_non_utf8_file(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"abc\xff\xfe" * 100)
+    assert lm(*small(tmp_path, "--data", str(bad))) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_lm_py_script_runs_from_a_shell(tmp_path, text_file):
+    res = subprocess.run([sys.executable, str(ROOT / "lm.py"), *small(tmp_path, "--data", str(text_file),
+                          "--training-epochs", "1", "--limit-train-images", "32")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "bits per character" in res.stdout
