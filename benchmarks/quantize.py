@@ -3,6 +3,7 @@
     python benchmarks/quantize.py                       # CPU, 64x128x32x32
     python benchmarks/quantize.py --device cuda         # GPU (when one is there)
     python benchmarks/quantize.py --json out.json --shape 64 128 32 32 --repeat 30
+    python benchmarks/quantize.py --formats nvfp4 rht16+nvfp4   # rhtB+F: Hadamard over B rows, then F
 
 Throughput counts bytes read plus bytes written (2 x 4 bytes per element).
 Both quantize and clone allocate their output, as users see them. Timings
@@ -20,6 +21,8 @@ import numba
 import torch
 
 import bfp
+from bfp.hadamard import transform_rows
+from bfp.precision import Hadamard
 from bfp.kernels import pages
 
 from _harness import alternate, emit_json, machine, print_table
@@ -27,8 +30,8 @@ from _harness import alternate, emit_json, machine, print_table
 DEFAULT_FORMATS = ["fb12", "bfp8[1,24,3,3]-nearest", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "float6_e2m3fn",
                    "float4_e2m1fn", "bfloat16", "mxfp8_e4m3", "mxfp4_e2m1", "mxint8",
                    "fb16-nearest", "fb16-stochastic", "float8_e4m3fn-stochastic",
-                   "mxfp8_e4m3_rceil", "nvfp4", "nvfp4_sr", "fp8_e4m3_tensorwise", "fp8_e4m3_rowwise"]
-TARGETS = {"fb12": 0.7, "bfp8[1,24,3,3]-nearest": 0.7, "float8_e4m3fn": 0.7, "nvfp4": 0.5}
+                   "mxfp8_e4m3_rceil", "nvfp4", "nvfp4_sr", "rht16+nvfp4", "fp8_e4m3_tensorwise", "fp8_e4m3_rowwise"]
+TARGETS = {"fb12": 0.7, "bfp8[1,24,3,3]-nearest": 0.7, "float8_e4m3fn": 0.7, "nvfp4": 0.5, "rht16+nvfp4": 0.5}
 
 
 def parse_format(spec: str):
@@ -47,16 +50,32 @@ def parse_format(spec: str):
     return fmt
 
 
-def bench(x: torch.Tensor, fmt, repeat: int, sync) -> tuple[float, float, float | None]:
-    """Median seconds of quantize, clone and (CPU) quantize without huge pages,
-    alternated, after 3 warm-ups (JIT, allocator)."""
+def rounding_fn(spec: str, x: torch.Tensor, gen: torch.Generator):
+    """What one timed call does: ``quantize(x, fmt)``, or for ``rhtB+FORMAT`` the NVFP4
+    recipe's weight-gradient operand: x as rows x columns (its last axis the columns), the
+    random Hadamard transform over blocks of B rows, then FORMAT along the rows (axis -2)."""
+    rht = re.fullmatch(r"rht(\d+)\+(.+)", spec)
+    if not rht:
+        fmt = parse_format(spec)
+        return lambda: bfp.quantize(x, fmt, generator=gen)
+    h = Hadamard(int(rht[1]))
+    fmt = parse_format(rht[2])
+    fmt = type(fmt)(**{**fmt.__dict__, "axis": -2})
+    x2 = x.reshape(-1, x.shape[-1])
+    return lambda: bfp.quantize(transform_rows(x2, h), fmt, generator=gen)
+
+
+def bench(x: torch.Tensor, spec: str, repeat: int, sync) -> tuple[float, float, float | None]:
+    """Median seconds of the rounding (``rounding_fn``), clone and (CPU) the rounding without
+    huge pages, alternated, after 3 warm-ups (JIT, allocator)."""
     gen = torch.Generator(x.device).manual_seed(0)
+    fn = rounding_fn(spec, x, gen)
 
     def small_pages():
         with pages.off():
-            return bfp.quantize(x, fmt, generator=gen)
+            return fn()
 
-    fns = {"quantize": lambda: bfp.quantize(x, fmt, generator=gen), "clone": x.clone}
+    fns = {"quantize": fn, "clone": x.clone}
     if x.device.type == "cpu":
         fns["quantize_4k"] = small_pages
     t = alternate(fns, repeat, warmup=3, sync=sync)
@@ -79,7 +98,7 @@ def main(argv=None) -> int:
     nbytes = 2 * x.numel() * x.element_size()
     rows = []
     for spec in args.formats:
-        tq, tc, t4 = bench(x, parse_format(spec), args.repeat, sync)
+        tq, tc, t4 = bench(x, spec, args.repeat, sync)
         rows.append({"format": spec, "ms": tq * 1e3, "clone_ms": tc * 1e3, "gbps": nbytes / tq / 1e9,
                      "clone_gbps": nbytes / tc / 1e9, "ratio_to_clone": tc / tq,
                      "ratio_to_clone_4k_pages": tc / t4 if t4 else None, "target": TARGETS.get(spec)})

@@ -191,3 +191,17 @@ def test_nvfp4_cuda_kernels_equal_reference_on_gpu(rounding):
     ref = quantize(x, fmt, generator=torch.Generator("cuda").manual_seed(1), backend="reference")
     out = quantize(x, fmt, generator=torch.Generator("cuda").manual_seed(1))
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
+
+
+@pytest.mark.parametrize("axis", [0, -2, 1])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_cpu_column_kernels_equal_the_reference_without_a_copy(axis, rounding):
+    """Blocks along a non-last axis (the CPU column kernels: no transposing copy), with a tail
+    block, NaN/Inf and zeros; stochastic draws indexed as the reference's (axis moved last)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(37, 5, 2100, generator=g) * torch.exp2(torch.randint(-8, 8, (37, 5, 2100), generator=g).float())
+    x[3, 1, 7], x[20, 4, 2000], x[0, 0, :40] = float("nan"), float("-inf"), 0.0
+    fmt = NVFP4(axis=axis, rounding=rounding)
+    ref = quantize(x, fmt, generator=torch.Generator().manual_seed(4), backend="reference")
+    cpu = quantize(x, fmt, generator=torch.Generator().manual_seed(4), backend="cpu")
+    assert_same_bits(cpu, ref)

@@ -1,0 +1,211 @@
+"""NVFP4 as Numba CPU kernels (the rule is ``bfp.nvfp4``'s docstring). Imported, and compiled,
+on first use; they equal ``bfp.kernels.nvfp4.reference`` bit for bit (tests/test_nvfp4.py).
+
+The tensor is seen as ``(A, R, C)``: ``R`` the block axis, ``A`` the axes before it, ``C``
+those after it, with no copy. Two passes: the block maxima (their maximum is the tensor's,
+from which the tensor scale comes), then the scales and elements block by block.
+``C == 1`` (blocks along the last axis) runs the *row* kernels, one block of contiguous
+elements at a time; ``C > 1`` the *column* kernels, which take 16 rows at a time and run
+along the columns, so a block axis that is not the last (the weight-gradient operands along
+their rows, a convolution's batch axis) needs no transposing copy. Stochastic rounding
+draws each element's number by its index in the tensor with the block axis moved last,
+as the reference does, so both kernels give the same bits.
+
+For nearest rounding the E4M3 scale's mantissa is cut with one integer add and E2M1 is
+rounded by adding and subtracting ``2**22``, ``2**23`` or ``2**24`` (whose float32 ulp is
+E2M1's step there: one float32 rounding, ties to the even multiple, the even code), so
+the element loop has no integer rule and vectorises; stochastic rounding uses the shared
+integer element rule of ``scalar.py``.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
+from .cpu import _elem, _rand32, _tile_consts
+from .nvfp4 import CHUNK, E2M1, tensor_scale
+from .pages import advise
+from .plan import MODE, rule_for
+from .scalar import EXP_INF, MAG, QNAN
+
+_MAG, _INF, _SIGN, _QNAN = np.int32(MAG), np.int32(EXP_INF), np.int32(-2 ** 31), np.int32(QNAN)
+_SIX, _LO, _HI = np.float32(E2M1_MAX), np.float32(E4M3_TINY), np.float32(E4M3_MAX)
+COLS = 2048  # columns per step of the column kernels' parallel loops
+
+
+@njit(inline="always")
+def _finite_mag(xb):
+    m = xb & _MAG
+    return m if m < _INF else np.int32(0)
+
+
+@njit(inline="always")
+def _e4m3_scale(sbs):
+    """``sbs`` (float32 in [2**-6, 448]: E4M3's normal range) rounded to E4M3, nearest-even:
+    the float32 mantissa cut to 3 bits by an integer add (a carry moves the exponent up)."""
+    b = np.float32(sbs).view(np.int32)
+    b = (b + np.int32(0x7FFFF) + ((b >> 20) & np.int32(1))) & np.int32(~0xFFFFF)
+    return np.int32(b).view(np.float32)
+
+
+@njit(inline="always")
+def _block_scale(bmax_bits, pts):
+    """``ts = pts * e4m3(clamp(amax_b / 6 / pts))`` of a block maximum's float32 bits."""
+    sbs = (np.int32(bmax_bits).view(np.float32) / _SIX) / pts
+    return pts * _e4m3_scale(min(max(sbs, _LO), _HI))
+
+
+@njit(inline="always")
+def _e2m1_nearest(v):
+    """``v`` (float32, ``|v| <= 6``, finite) rounded to E2M1, nearest-even, sign kept."""
+    a = abs(v)
+    big = np.float32(4194304.0) if a < np.float32(2.0) else (
+        np.float32(8388608.0) if a < np.float32(4.0) else np.float32(16777216.0))
+    r = (a + big) - big
+    return np.int32(np.float32(r).view(np.int32) | (np.float32(v).view(np.int32) & _SIGN)).view(np.float32)
+
+
+@njit(inline="always")
+def _nearest_out(xb, x, ts):
+    """Output bits of one element, nearest rounding; Inf becomes NaN, NaN stays as it is."""
+    v = min(max(x / ts, -_SIX), _SIX)
+    o = np.float32(_e2m1_nearest(v) * ts).view(np.int32)
+    return o if (xb & _MAG) < _INF else (_QNAN if (xb & _MAG) == _INF else xb)
+
+
+@njit(inline="always")
+def _rule_out(xb, x, ts, mode, c2, e2, r):
+    """Output bits of one element by the shared integer element rule (any mode)."""
+    fin = (xb & _MAG) < _INF
+    v = min(max(x / ts, -_SIX), _SIX)
+    vb = np.int64(np.float32(v).view(np.int32)) if fin else np.int64(xb)
+    qb = _elem(vb, 0, mode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
+    o = np.float32(np.int32(qb).view(np.float32) * ts).view(np.int32)
+    return o if fin else np.int32(qb)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels(mode: int, block: int):
+    """The four kernels for rounding ``mode`` and ``block`` (compile-time constants: the loops
+    carry no code of the other mode, and whole blocks have a fixed trip count)."""
+
+    @njit(parallel=True, cache=False)
+    def row_max(xi, bmax, rows, n):
+        nb = (n + block - 1) // block
+        steps = (rows * nb + CHUNK - 1) // CHUNK
+        for s in prange(steps):  # runs of CHUNK blocks: one prange step per block costs twice as much
+            for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
+                a = (t // nb) * n + (t % nb) * block
+                count = block if n % block == 0 else min(block, (t // nb) * n + n - a)
+                top = np.int32(0)
+                for k in range(count):
+                    top = max(top, _finite_mag(xi[a + k]))
+                bmax[t] = top
+
+    @njit(parallel=True, cache=False)
+    def row_quantize(xi, xf, oi, bmax, rows, n, pts, e2, k0, k1):
+        c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+        nb = (n + block - 1) // block
+        for s in prange((rows * nb + CHUNK - 1) // CHUNK):
+            for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
+                ts = _block_scale(bmax[t], pts)
+                a = (t // nb) * n + (t % nb) * block
+                if mode == 1 and n % block == 0:  # a fixed trip count: vectorises
+                    a = t * block
+                    for k in range(block):
+                        oi[a + k] = _nearest_out(xi[a + k], xf[a + k], ts)
+                    continue
+                for j in range(a, min(a + block, (t // nb) * n + n)):
+                    if mode == 1:
+                        oi[j] = _nearest_out(xi[j], xf[j], ts)
+                    else:
+                        r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
+                        oi[j] = _rule_out(xi[j], xf[j], ts, mode, c2, e2, r)
+
+    @njit(inline="always")
+    def _col_tasks(A, R, C):
+        """Work items of the column kernels: (a, a run of row blocks, a run of columns), a run
+        of about COLS x 16 rows, so narrow tensors (few columns) still give long items."""
+        nb = (R + block - 1) // block
+        ncc = (C + COLS - 1) // COLS
+        per = max(1, COLS // min(C, COLS))  # row blocks per item
+        nrr = (nb + per - 1) // per
+        return nb, ncc, per, nrr
+
+    @njit(parallel=True, cache=False)
+    def col_max(xi, bmax, A, R, C):
+        """bmax[(a * nb + rb) * C + c]: the block of rows rb*block.. of column c."""
+        nb, ncc, per, nrr = _col_tasks(A, R, C)
+        for s in prange(A * nrr * ncc):
+            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+            c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
+            for rb in range(rr * per, min(nb, rr * per + per)):
+                out = (a * nb + rb) * C
+                for c in range(c0, c1):
+                    bmax[out + c] = 0
+                for r in range(rb * block, min(R, rb * block + block)):
+                    row = (a * R + r) * C
+                    for c in range(c0, c1):  # along the columns: vectorises
+                        bmax[out + c] = max(bmax[out + c], _finite_mag(xi[row + c]))
+
+    @njit(parallel=True, cache=False)
+    def col_quantize(xi, xf, oi, bmax, A, R, C, pts, e2, k0, k1):
+        c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+        nb, ncc, per, nrr = _col_tasks(A, R, C)
+        for s in prange(A * nrr * ncc):
+            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+            c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
+            ts = np.empty(c1 - c0, np.float32)
+            for rb in range(rr * per, min(nb, rr * per + per)):
+                for c in range(c0, c1):
+                    ts[c - c0] = _block_scale(bmax[(a * nb + rb) * C + c], pts)
+                for r in range(rb * block, min(R, rb * block + block)):
+                    row = (a * R + r) * C
+                    for c in range(c0, c1):
+                        j = row + c
+                        if mode == 1:
+                            oi[j] = _nearest_out(xi[j], xf[j], ts[c - c0])
+                        else:  # the element's index with the block axis moved last, as the reference
+                            r32 = _rand32(k0, k1, np.int64((a * C + c) * R + r)) if mode == 2 else 0
+                            oi[j] = _rule_out(xi[j], xf[j], ts[c - c0], mode, c2, e2, r32)
+
+    return row_max, row_quantize, col_max, col_quantize
+
+
+def _consts(fmt_float) -> np.ndarray:
+    r = rule_for(fmt_float)
+    return np.array([r.emin, r.man, r.maxkept, r.emaxq, r.ftz, r.ovf_inf, r.inf_nan], np.int64)
+
+
+def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
+    """NVFP4 of a contiguous CPU float32 ``x`` with blocks along ``axis`` (normalised, >= 0), in
+    ``x``'s layout; None when the tensor has no finite nonzero element (the caller's reference
+    handles that case)."""
+    shape = x.shape
+    A = int(np.prod(shape[:axis], dtype=np.int64))
+    R = shape[axis]
+    C = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    row_max, row_quantize, col_max, col_quantize = kernels(MODE[fmt.rounding], fmt.block)
+    xb = x.view(torch.int32).numpy().reshape(-1)
+    nb = (R + fmt.block - 1) // fmt.block
+    bmax = np.empty(A * nb * C, np.int32)
+    if C == 1:
+        row_max(xb, bmax, A, R)
+    else:
+        col_max(xb, bmax, A, R, C)
+    top = int(bmax.max()) if bmax.size else 0
+    if top == 0:
+        return None
+    out = torch.empty_like(x)
+    advise(out)  # huge pages for the untouched output (pages.py)
+    args = (xb, x.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), bmax)
+    tail = (tensor_scale(top, fmt), _consts(E2M1[fmt.rounding]), keys[0], keys[1])
+    if C == 1:
+        row_quantize(*args, A, R, *tail)
+    else:
+        col_quantize(*args, A, R, C, *tail)
+    return out
