@@ -47,6 +47,7 @@ from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input
 from .formats import Format, Rounding
 from .kernels import quantize
 from .kernels import scaled as scaled_k
+from .kernels.dispatch import scaled_keys
 from .overflow import check as _check_overflow
 from .precision import LayerPrecision
 from .scaled import Scaled
@@ -91,9 +92,10 @@ def _delayed(layer, point: str, t: Tensor, fmt: Scaled) -> Tensor:
     then, in training mode, this tensor's amax enters the history."""
     hist = layer.amax_history(point)
     with torch.no_grad():
-        x32 = t.detach().float()
-        y, scale = scaled_k.prepare(x32, fmt, given_amax=hist.max())
-        out = scaled_k.finish(quantize(y, fmt.fmt, generator=layer.generator), scale)
+        x32 = t.detach().float().contiguous()
+        rnd = lambda y, f: quantize(y, f, generator=layer.generator)  # noqa: E731
+        out = scaled_k.tensorwise(x32, fmt, rnd, given_amax=hist.max(),
+                                  keys=scaled_keys(fmt, layer.generator, "cpu", x32))
         if layer.training:  # evaluation reads the history, never moves it
             hist.copy_(torch.cat([scaled_k.amax(x32).reshape(1).to(hist), hist[:-1]]))
     return out.to(t.dtype)

@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parents[1] / "bfp"
 FLOORS = ["formats", "nvfp4", "scaled", "kernels", "precision", "hadamard", "accumulate", "overflow", "functional", "layers", "attention", "config", "conversion",
           "models", "amp", "optim", "distributed", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
-LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu")}
+LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu")}
 
 
 def floor_of(module: str) -> str:

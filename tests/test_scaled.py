@@ -129,3 +129,18 @@ def test_delayed_scaling_histories_are_checkpointed_and_a_resume_is_bit_exact(ti
     assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
     first = ckpt.load(a / "checkpoints" / "epoch_001.pt")["model"]
     assert any(not torch.equal(first[k], straight[k]) for k in hist)  # epoch 2 moved the histories
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("pow2", [False, True])
+def test_fused_cpu_tensorwise_kernel_equals_the_pytorch_steps(rounding, pow2):
+    """The CPU path (amax and scale-round-unscale fused in Numba) against the PyTorch steps
+    (backend="reference"), stochastic draws included; NaN, Inf and zeros in the tensor."""
+    from bfp import Float, Scaled
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 700, generator=g) * torch.exp2(torch.randint(-30, 30, (300, 700), generator=g).float())
+    x[0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    fmt = Scaled(Float(4, 3, rounding=rounding, encoding="fn"), pow2=pow2)
+    ref = quantize(x, fmt, generator=torch.Generator().manual_seed(5), backend="reference")
+    cpu = quantize(x, fmt, generator=torch.Generator().manual_seed(5), backend="cpu")
+    assert_same_bits(cpu, ref)

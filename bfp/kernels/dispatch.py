@@ -52,6 +52,14 @@ def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
     return out.to(x.dtype), counts
 
 
+def scaled_keys(fmt: Scaled, generator, backend: str, x32: torch.Tensor):
+    """The stochastic-rounding keys for ``scaled.tensorwise``'s fused CPU kernels (the same one
+    draw the element rounding would take), or None where the PyTorch steps run."""
+    if backend != "cpu" or x32.device.type != "cpu":
+        return None
+    return _keys(generator) if fmt.fmt.rounding is Rounding.STOCHASTIC else (0, 0)
+
+
 def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
                    backend: Optional[str] = None, stats: bool = True):
     """``(quantize(x, fmt), counts)``; counts is int64 ``[nonzero_in, zeroed]`` on x's
@@ -67,8 +75,12 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
                          f"use it in a layer's precision (bfp.quantize alone has no history)")
     if isinstance(fmt, Scaled) and x.device.type != "meta" and x.numel():  # scale, round as fmt.fmt, unscale
         x32 = x.detach().to(torch.float32).contiguous()
-        y, scale = scaled.prepare(x32, fmt)
-        out = scaled.finish(quantize_stats(y, fmt.fmt, generator=generator, backend=backend, stats=False)[0], scale)
+        rnd = lambda y, f: quantize_stats(y, f, generator=generator, backend=backend, stats=False)[0]  # noqa: E731
+        if fmt.granularity == "tensor" or x32.dim() == 0:
+            out = scaled.tensorwise(x32, fmt, rnd, keys=scaled_keys(fmt, generator, backend, x32))
+        else:
+            y, scale = scaled.prepare(x32, fmt)
+            out = scaled.finish(rnd(y, fmt.fmt), scale)
         counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
         return out.to(x.dtype), counts
     if isinstance(fmt, Scaled):

@@ -3,7 +3,7 @@
 PyTorch float32 operations, so the same on every device."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -16,6 +16,28 @@ def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of ``x32`` (0-dim; 0 for an empty tensor)."""
     a = torch.where(torch.isfinite(x32), x32.abs(), 0.0)
     return a.amax() if a.numel() else torch.zeros((), device=x32.device)
+
+
+def scale_of(amax: torch.Tensor, fmt: Scaled) -> torch.Tensor:
+    """Step 2: ``fmt.max / amax`` (1 where amax is 0), power of two with ``pow2``."""
+    top = torch.tensor(fmt.fmt.max, dtype=torch.float32, device=amax.device)
+    scale = torch.where(amax > 0, top / amax.clamp(min=torch.finfo(torch.float32).tiny), 1.0).clamp(max=_F32_MAX)
+    if fmt.pow2:  # 2**floor(log2 scale): keep the exponent bits of a positive normal float32
+        scale = (scale.view(torch.int32) & 0x7F800000).view(torch.float32)
+    return scale
+
+
+def tensorwise(x32: torch.Tensor, fmt: Scaled, rounding: Callable, given_amax: Optional[torch.Tensor] = None,
+               keys=None) -> torch.Tensor:
+    """Steps 1-4 with one scale for the tensor (``given_amax``: delayed scaling's). A contiguous
+    CPU tensor runs the fused Numba kernels (``scaled_cpu``: the same bits) when ``keys`` (the
+    stochastic-rounding keys) are given; otherwise ``rounding(y, fmt.fmt)`` rounds step 3."""
+    if keys is not None and x32.device.type == "cpu" and x32.is_contiguous():
+        from . import scaled_cpu  # Numba loads on first use
+        amax = given_amax.to(torch.float32) if given_amax is not None else scaled_cpu.amax(x32)
+        return scaled_cpu.apply(x32, scale_of(amax, fmt), fmt.fmt, keys)
+    y, scale = prepare(x32, fmt, given_amax)
+    return finish(rounding(y, fmt.fmt), scale)
 
 
 def prepare(x32: torch.Tensor, fmt: Scaled, given_amax: Optional[torch.Tensor] = None
@@ -32,10 +54,7 @@ def prepare(x32: torch.Tensor, fmt: Scaled, given_amax: Optional[torch.Tensor] =
         if not 0 <= axis < x32.dim():
             raise ValueError(f"Scaled axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
         amax = a.amax(dim=axis, keepdim=True)
-    top = torch.tensor(fmt.fmt.max, dtype=torch.float32, device=x32.device)
-    scale = torch.where(amax > 0, top / amax.clamp(min=torch.finfo(torch.float32).tiny), 1.0).clamp(max=_F32_MAX)
-    if fmt.pow2:  # 2**floor(log2 scale): keep the exponent bits of a positive normal float32
-        scale = (scale.view(torch.int32) & 0x7F800000).view(torch.float32)
+    scale = scale_of(amax, fmt)
     return (x32 * scale).clamp(-fmt.fmt.max, fmt.fmt.max), scale
 
 

@@ -1,0 +1,69 @@
+"""Per-tensor scaled rounding (``bfp.scaled``, one scale for the whole tensor) as Numba CPU
+kernels: the finite amax in one pass, then ``q = fmt(clamp(x * scale)) / scale`` per element
+in a second, fused pass: the same float32 operations as ``bfp.kernels.scaled``'s PyTorch
+steps, in the same order, with ``fmt`` rounded by the shared element rule (``scalar.py``), so
+the bits are the same (tests/test_scaled.py). Imported, and compiled, on first use.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from ..formats import Float
+from .cpu import _elem, _rand32, _tile_consts
+from .pages import advise
+from .plan import MODE, rule_for
+from .scalar import EXP_INF, MAG
+
+_MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
+STEP = 1 << 16  # elements per step of the parallel loops
+
+
+@njit(parallel=True, cache=False)
+def amax_bits(xi):
+    """float32 bits of the largest finite magnitude (0: none)."""
+    parts = np.zeros((xi.size + STEP - 1) // STEP, np.int32)
+    for s in prange(parts.size):
+        top = np.int32(0)
+        for j in range(s * STEP, min(xi.size, s * STEP + STEP)):
+            m = xi[j] & _MAG
+            top = max(top, m if m < _INF else np.int32(0))
+        parts[s] = top
+    return parts.max() if parts.size else np.int32(0)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(mode: int):
+    @njit(parallel=True, cache=False)
+    def kernel(xf, oi, scale, top, c, k0, k1):
+        c0, c1, c2, c3 = _tile_consts(0, 0, 0, 0, 0, 0, c[0], c[1], c[2], c[3])
+        for s in prange((xf.size + STEP - 1) // STEP):
+            for j in range(s * STEP, min(xf.size, s * STEP + STEP)):
+                v = xf[j] * scale
+                if v == v:  # NaN stays as it is (clamp passes it)
+                    v = min(max(v, -top), top)
+                r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
+                qb = _elem(np.int64(np.float32(v).view(np.int32)), 0, mode, c0, c1, c2, c3, c[1], c[4], c[5],
+                           c[6], r)
+                oi[j] = np.float32(np.int32(qb).view(np.float32) / scale).view(np.int32)
+    return kernel
+
+
+def amax(x32: torch.Tensor) -> torch.Tensor:
+    """The largest finite magnitude of a contiguous CPU float32 tensor (0-dim float32)."""
+    bits = int(amax_bits(x32.view(torch.int32).numpy().reshape(-1)))
+    return torch.tensor(bits, dtype=torch.int32).view(torch.float32)
+
+
+def apply(x32: torch.Tensor, scale: torch.Tensor, fmt: Float, keys) -> torch.Tensor:
+    """``fmt(clamp(x * scale, -fmt.max, fmt.max)) / scale`` of a contiguous CPU float32 tensor."""
+    r = rule_for(fmt)
+    consts = np.array([r.emin, r.man, r.maxkept, r.emaxq, r.ftz, r.ovf_inf, r.inf_nan], np.int64)
+    out = torch.empty_like(x32)
+    advise(out)
+    _kernel(MODE[fmt.rounding])(x32.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1),
+                                np.float32(scale.item()), np.float32(fmt.max), consts, keys[0], keys[1])
+    return out
