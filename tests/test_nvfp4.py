@@ -205,3 +205,17 @@ def test_nvfp4_cpu_column_kernels_equal_the_reference_without_a_copy(axis, round
     ref = quantize(x, fmt, generator=torch.Generator().manual_seed(4), backend="reference")
     cpu = quantize(x, fmt, generator=torch.Generator().manual_seed(4), backend="cpu")
     assert_same_bits(cpu, ref)
+
+
+@pytest.mark.parametrize("shape,axis", [((40, 37, 3, 3), 1), ((33, 50), -1), ((3, 20, 18), 2)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_2d_blocks_cpu_kernels_equal_the_reference(shape, axis, rounding):
+    """16x16 tiles over (axis - 1, axis) with tails on both, trailing axes (a conv weight's
+    kh x kw), NaN/Inf; stochastic draws indexed by the position in the tensor as it is."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-6, 6, shape, generator=g).float())
+    x.view(-1)[5], x.view(-1)[77] = float("nan"), float("inf")
+    fmt = NVFP4(block=(16, 16), axis=axis, rounding=rounding)
+    ref = quantize(x, fmt, generator=torch.Generator().manual_seed(2), backend="reference")
+    cpu = quantize(x, fmt, generator=torch.Generator().manual_seed(2), backend="cpu")
+    assert_same_bits(cpu, ref)

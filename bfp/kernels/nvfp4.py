@@ -69,10 +69,15 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
-    if isinstance(fmt.block, tuple):  # 2-D blocks: the reference, on the tensor as it is
+    if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
         if axis - len(fmt.block) + 1 < 0:
             raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
                              f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
+        if backend == "cpu" and not x32.is_cuda:
+            from . import nvfp4_cpu  # Numba loads on first use
+            out = nvfp4_cpu.quantize(x32.contiguous(), axis, fmt, keys)
+            if out is not None:
+                return out
         tile = [1] * x32.dim()
         for k, b in enumerate(reversed(fmt.block)):
             tile[axis - k] = b

@@ -89,9 +89,13 @@ def _rule_out(xb, x, ts, mode, c2, e2, r):
 
 
 @functools.lru_cache(maxsize=None)
-def kernels(mode: int, block: int):
-    """The four kernels for rounding ``mode`` and ``block`` (compile-time constants: the loops
-    carry no code of the other mode, and whole blocks have a fixed trip count)."""
+def kernels(mode: int, block):
+    """The four kernels for rounding ``mode`` and ``block`` (an int, or (b0, b1) for 2-D tiles;
+    compile-time constants: the loops carry no code of the other mode, and whole blocks have a
+    fixed trip count)."""
+    two_d = isinstance(block, tuple)
+    b0, b1 = block if two_d else (1, block)
+    block = b1
 
     @njit(parallel=True, cache=False)
     def row_max(xi, bmax, rows, n):
@@ -127,51 +131,59 @@ def kernels(mode: int, block: int):
                         oi[j] = _rule_out(xi[j], xf[j], ts, mode, c2, e2, r)
 
     @njit(inline="always")
-    def _col_tasks(A, R, C):
-        """Work items of the column kernels: (a, a run of row blocks, a run of columns), a run
-        of about COLS x 16 rows, so narrow tensors (few columns) still give long items."""
-        nb = (R + block - 1) // block
+    def _col_tasks(R, C):
+        """Work items of the column kernels: (a, b0 block, a run of row blocks, a run of columns),
+        about COLS x 16 rows each, so narrow tensors (few columns) still give long items."""
+        nb = (R + b1 - 1) // b1
         ncc = (C + COLS - 1) // COLS
         per = max(1, COLS // min(C, COLS))  # row blocks per item
         nrr = (nb + per - 1) // per
         return nb, ncc, per, nrr
 
     @njit(parallel=True, cache=False)
-    def col_max(xi, bmax, A, R, C):
-        """bmax[(a * nb + rb) * C + c]: the block of rows rb*block.. of column c."""
-        nb, ncc, per, nrr = _col_tasks(A, R, C)
-        for s in prange(A * nrr * ncc):
-            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+    def col_max(xi, bmax, A, R0, R, C):
+        """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the tile of rows i0*b0.. of axis R0 and
+        rb*b1.. of axis R, column c (b0 = 1: 1-D blocks, R0 = 1)."""
+        nb, ncc, per, nrr = _col_tasks(R, C)
+        nb0 = (R0 + b0 - 1) // b0
+        for s in prange(A * nb0 * nrr * ncc):
+            a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+            a, i0 = a0 // nb0, a0 % nb0
             c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
             for rb in range(rr * per, min(nb, rr * per + per)):
-                out = (a * nb + rb) * C
+                out = (a0 * nb + rb) * C
                 for c in range(c0, c1):
                     bmax[out + c] = 0
-                for r in range(rb * block, min(R, rb * block + block)):
-                    row = (a * R + r) * C
-                    for c in range(c0, c1):  # along the columns: vectorises
-                        bmax[out + c] = max(bmax[out + c], _finite_mag(xi[row + c]))
+                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                    for r in range(rb * b1, min(R, rb * b1 + b1)):
+                        row = ((a * R0 + r0) * R + r) * C
+                        for c in range(c0, c1):  # along the columns: vectorises
+                            bmax[out + c] = max(bmax[out + c], _finite_mag(xi[row + c]))
 
     @njit(parallel=True, cache=False)
-    def col_quantize(xi, xf, oi, bmax, A, R, C, pts, e2, k0, k1):
+    def col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
         c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
-        nb, ncc, per, nrr = _col_tasks(A, R, C)
-        for s in prange(A * nrr * ncc):
-            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+        nb, ncc, per, nrr = _col_tasks(R, C)
+        nb0 = (R0 + b0 - 1) // b0
+        for s in prange(A * nb0 * nrr * ncc):
+            a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+            a, i0 = a0 // nb0, a0 % nb0
             c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
             ts = np.empty(c1 - c0, np.float32)
             for rb in range(rr * per, min(nb, rr * per + per)):
                 for c in range(c0, c1):
-                    ts[c - c0] = _block_scale(bmax[(a * nb + rb) * C + c], pts)
-                for r in range(rb * block, min(R, rb * block + block)):
-                    row = (a * R + r) * C
-                    for c in range(c0, c1):
-                        j = row + c
-                        if mode == 1:
-                            oi[j] = _nearest_out(xi[j], xf[j], ts[c - c0])
-                        else:  # the element's index with the block axis moved last, as the reference
-                            r32 = _rand32(k0, k1, np.int64((a * C + c) * R + r)) if mode == 2 else 0
-                            oi[j] = _rule_out(xi[j], xf[j], ts[c - c0], mode, c2, e2, r32)
+                    ts[c - c0] = _block_scale(bmax[(a0 * nb + rb) * C + c], pts)
+                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                    for r in range(rb * b1, min(R, rb * b1 + b1)):
+                        row = ((a * R0 + r0) * R + r) * C
+                        for c in range(c0, c1):
+                            j = row + c
+                            if mode == 1:
+                                oi[j] = _nearest_out(xi[j], xf[j], ts[c - c0])
+                            else:  # 1-D: the index with the block axis moved last; 2-D: as it is
+                                k = j if two_d else (a * C + c) * R + r
+                                r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                                oi[j] = _rule_out(xi[j], xf[j], ts[c - c0], mode, c2, e2, r32)
 
     return row_max, row_quantize, col_max, col_quantize
 
@@ -182,21 +194,25 @@ def _consts(fmt_float) -> np.ndarray:
 
 
 def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
-    """NVFP4 of a contiguous CPU float32 ``x`` with blocks along ``axis`` (normalised, >= 0), in
-    ``x``'s layout; None when the tensor has no finite nonzero element (the caller's reference
-    handles that case)."""
+    """NVFP4 of a contiguous CPU float32 ``x`` with blocks along ``axis`` (normalised, >= 0; a 2-D
+    block also along ``axis - 1``), in ``x``'s layout; None when the tensor has no finite nonzero
+    element (the caller's reference handles that case)."""
     shape = x.shape
-    A = int(np.prod(shape[:axis], dtype=np.int64))
+    two_d = isinstance(fmt.block, tuple)
+    b0, b1 = fmt.block if two_d else (1, fmt.block)
+    lead = axis - 1 if two_d else axis  # 2-D tiles: axis - 1 is their first axis
+    A = int(np.prod(shape[:lead], dtype=np.int64))
+    R0 = shape[axis - 1] if two_d else 1
     R = shape[axis]
     C = int(np.prod(shape[axis + 1:], dtype=np.int64))
     row_max, row_quantize, col_max, col_quantize = kernels(MODE[fmt.rounding], fmt.block)
     xb = x.view(torch.int32).numpy().reshape(-1)
-    nb = (R + fmt.block - 1) // fmt.block
-    bmax = np.empty(A * nb * C, np.int32)
-    if C == 1:
+    rows = C == 1 and not two_d  # the row kernels: 1-D blocks along the last axis
+    bmax = np.empty(A * -(-R0 // b0) * -(-R // b1) * C, np.int32)
+    if rows:
         row_max(xb, bmax, A, R)
     else:
-        col_max(xb, bmax, A, R, C)
+        col_max(xb, bmax, A, R0, R, C)
     top = int(bmax.max()) if bmax.size else 0
     if top == 0:
         return None
@@ -204,8 +220,8 @@ def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
     advise(out)  # huge pages for the untouched output (pages.py)
     args = (xb, x.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), bmax)
     tail = (tensor_scale(top, fmt), _consts(E2M1[fmt.rounding]), keys[0], keys[1])
-    if C == 1:
+    if rows:
         row_quantize(*args, A, R, *tail)
     else:
-        col_quantize(*args, A, R, C, *tail)
+        col_quantize(*args, A, R0, R, C, *tail)
     return out
