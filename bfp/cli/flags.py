@@ -75,9 +75,12 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                                        "or stand alone (`--log`).")
     b = dict(type=str2bool, nargs="?", const=True, metavar="BOOL")
     g = p.add_argument_group("what to run")
-    g.add_argument("--mode", default="train", choices=["train", "generate-config"],
+    g.add_argument("--mode", default="train", choices=["train", "generate-config", "diagnose"],
                    help="train: train and evaluate; generate-config: write a network config listing every "
-                        "convertible layer of --model (to --config-out) and exit")
+                        "convertible layer of --model (to --config-out) and exit; diagnose: measure what "
+                        "rounding does at every quantization point on one training batch (the model of "
+                        "--resume RUN, or a fresh one with --bfp), print a table worst first and draw a "
+                        "heat map (--diagnose-out)")
     g.add_argument("-m", "--model", default=task.default_model,
                    help="network: one of bfp.models.names() (ResNet10/18/34/50/101/152, VGG11/13/16/19, "
                         "DenseNet121/161/169/201, DenseNetCifar, MobileNet, MobileNetV2, AlexNet, MLPMixer)")
@@ -159,6 +162,13 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="continue an interrupted run: its run directory or a checkpoint file")
     g.add_argument("--histograms", **b, default=False, help="weight histograms in TensorBoard")
+    g.add_argument("--diagnose", type=int, default=0, metavar="N",
+                   help="every N training steps, measure SQNR, relative error, flushed and saturated shares "
+                        "at every quantization point (diagnostics.csv in the run directory, TensorBoard "
+                        "diagnostics/...); 0: off")
+    g.add_argument("--diagnose-out", default=None, metavar="PNG",
+                   help="--mode diagnose: the heat map's path (default: diagnose.png in the --resume run "
+                        "directory, else in the current directory)")
     g.add_argument("--progress", **b, default=True, help="tqdm progress bar")
     g.add_argument("--config-out", default=None,
                    help="generate-config: output path (default conf_net/<model>_generated.json)")

@@ -17,6 +17,7 @@ from ..engine.checkpoint import CheckpointError
 from ..engine.trainer import NonFiniteTraining
 from . import plot
 from .compare import compare
+from .diagnose import diagnose
 from .evaluate import evaluate
 from .flags import UsageError
 from .generate import generate_config
@@ -70,6 +71,8 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
             return status
         if args.mode == "generate-config":
             generate_config(task, args)
+        elif args.mode == "diagnose":
+            diagnose(task, args, plan)
         elif task.hooks.evaluate_only(args):
             evaluate(task, args, plan)
         elif args.compare:

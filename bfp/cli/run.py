@@ -19,6 +19,7 @@ from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
 from ..engine import images
+from ..engine.diagnose import DiagnoseCallback
 from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
@@ -108,6 +109,9 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
             raise UsageError(str(e)) from None
     if not (math.isfinite(args.lars_trust) and args.lars_trust >= 0):
         raise UsageError(f"--lars-trust must be a finite number >= 0, got {args.lars_trust}")
+    if args.diagnose < 0:
+        raise UsageError(f"--diagnose must be >= 0 (0: off; N: measure one training step in every N), "
+                         f"got {args.diagnose}")
     if args.num_workers < 0:
         raise UsageError(f"--num-workers must be >= 0, got {args.num_workers}")
     if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.manual_seed accepts
@@ -328,4 +332,6 @@ def make_callbacks(args: argparse.Namespace, model, token: Optional[str], run_di
                                                         every=args.do_every))
         except ValueError as e:
             raise UsageError(f"--do {args.do}: {e}") from None
+    if args.diagnose:
+        callbacks.append(DiagnoseCallback(args.diagnose))
     return callbacks + amp_callbacks(args)

@@ -1,0 +1,226 @@
+"""Where precision is lost: what rounding does at every quantization point of every Q-layer.
+
+``PointDiagnostics(model)`` wraps each quantized layer's ``quantize_hook`` while armed and
+records, per (layer, point), over every rounding of that point during the armed step (the
+nine points of ``bfp.layers``, attention products included) the sums below, on the
+finite elements of the unrounded tensor ``x`` and its rounding ``q`` (float64 sums):
+
+* ``sqnr_db = 10 log10(sum x^2 / sum (x - q)^2)``: signal to quantization noise
+  (``inf`` when nothing changed; ``nan`` for an all-zero tensor);
+* ``rel_l2 = sqrt(sum (x - q)^2 / sum x^2)``;
+* ``flushed``: the share of nonzero elements (NaN and Inf count as nonzero) that became
+  zero: the dynamic precision controller's zero-setting error, from the same kernel
+  counts (``quantize_stats``);
+* ``saturated``: the share of finite elements whose magnitude exceeds the format's largest
+  finite value (``Float``; None for formats whose range moves with a shared or tensor
+  scale: BlockFloat, MX, NVFP4, Scaled);
+* ``range_use = max|x| / max`` (``Float``; None as above): above 1 the point overflows.
+
+It only measures layers in training mode. When another hook is already set, such as the
+dynamic controller's ZSE meter, it asks that hook for the rounding, so both measure the
+same step. ``DiagnoseCallback`` measures one training step in every ``every``, writes
+``diagnostics.csv`` to the run directory, and sends scalars to TensorBoard under
+``diagnostics/<layer>/<point>/<measure>``. ``table`` and ``heatmap`` show one
+measurement (``--mode diagnose``).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .conversion import short_format
+from .formats import Float
+from .kernels import quantize_stats
+from .layers import CONVERTIBLE
+from .precision import POINTS
+
+MEASURES = ("sqnr_db", "rel_l2", "flushed", "saturated", "range_use")
+_Q_TYPES = tuple(CONVERTIBLE.values())
+
+
+def format_max(fmt) -> Optional[float]:
+    """The largest finite magnitude of a fixed-range format (``Float``), else None."""
+    return float(fmt.max) if isinstance(fmt, Float) else None
+
+
+class _Sums:
+    """Float64 sums of one point over the roundings of a measured step."""
+
+    def __init__(self, fmt):
+        self.fmt, self.fmax = fmt, format_max(fmt)
+        self.sig = self.err = 0.0
+        self.nonzero = self.flushed = self.finite = self.saturated = self.numel = 0
+        self.amax = 0.0
+
+    def add(self, x: torch.Tensor, q: torch.Tensor, counts: Optional[torch.Tensor]) -> None:
+        x, q = x.detach().double().reshape(-1), q.detach().double().reshape(-1)
+        fin = torch.isfinite(x) & torch.isfinite(q)
+        xf, qf = x[fin], q[fin]
+        self.sig += float((xf * xf).sum())
+        self.err += float(((xf - qf) ** 2).sum())
+        if counts is None:  # another hook rounded: count as the kernel does
+            nz = x != 0
+            counts = torch.stack((nz.sum(), (nz & (q == 0)).sum()))
+        self.nonzero += int(counts[0])
+        self.flushed += int(counts[1])
+        self.finite += int(fin.sum())
+        self.numel += x.numel()
+        if xf.numel():
+            self.amax = max(self.amax, float(xf.abs().max()))
+        if self.fmax is not None:
+            self.saturated += int((xf.abs() > self.fmax).sum())
+
+    def row(self) -> dict[str, Any]:
+        sig, err = self.sig, self.err
+        sqnr = math.nan if sig == 0 else (math.inf if err == 0 else 10 * math.log10(sig / err))
+        rel = (0.0 if err == 0 else math.inf) if sig == 0 else math.sqrt(err / sig)
+        return {"sqnr_db": sqnr, "rel_l2": rel,
+                "flushed": self.flushed / self.nonzero if self.nonzero else 0.0,
+                "saturated": None if self.fmax is None else (self.saturated / self.finite if self.finite else 0.0),
+                "range_use": None if self.fmax is None else self.amax / self.fmax,
+                "numel": self.numel}
+
+
+def point_stats(x: torch.Tensor, q: torch.Tensor, fmt=None) -> dict[str, Any]:
+    """The measures of one rounding ``q`` of ``x`` (see the module docstring)."""
+    s = _Sums(fmt)
+    s.add(x, q, None)
+    return s.row()
+
+
+class PointDiagnostics:
+    """Arms and disarms the measuring hooks on every quantized layer of ``model``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.layers: dict[str, torch.nn.Module] = {}
+        self._sums: dict[tuple[str, str], _Sums] = {}
+        self._saved: Optional[dict[str, Any]] = None
+
+    @property
+    def armed(self) -> bool:
+        return self._saved is not None
+
+    def arm(self) -> None:
+        if self._saved is not None:
+            return
+        # looked up at every arm: a precision schedule may have converted more layers since
+        self.layers = {n: m for n, m in self.model.named_modules() if isinstance(m, _Q_TYPES)}
+        self._sums = {}
+        self._saved = {n: m.quantize_hook for n, m in self.layers.items()}
+        for name, m in self.layers.items():
+            m.quantize_hook = self._hook(name, self._saved[name])
+
+    def _hook(self, name: str, previous):
+        def hook(layer, point, tensor, fmt):
+            if previous is not None:
+                out, counts = previous(layer, point, tensor, fmt), None
+            else:
+                out, counts = quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None), stats=True)
+            if layer.training:
+                key = (name, point)
+                if key not in self._sums:
+                    self._sums[key] = _Sums(fmt)
+                self._sums[key].add(tensor, out, counts)
+            return out
+        return hook
+
+    def disarm(self) -> list[dict[str, Any]]:
+        """Restore the layers' hooks; the rows measured since ``arm``, in layer then point order."""
+        if self._saved is None:
+            return []
+        for name, m in self.layers.items():
+            m.quantize_hook = self._saved[name]
+        self._saved = None
+        order = {n: i for i, n in enumerate(self.layers)}
+        keys = sorted(self._sums, key=lambda k: (order[k[0]], POINTS.index(k[1])))
+        return [{"layer": k[0], "point": k[1], "format": describe(self._sums[k].fmt), **self._sums[k].row()}
+                for k in keys]
+
+
+def describe(fmt) -> str:
+    """A format in short words (the conversion report's spelling)."""
+    return short_format(fmt)
+
+
+def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dict[str, Any]]:
+    """One forward and backward pass of ``model`` on a batch, measured (no optimizer step;
+    the gradients it leaves are zeroed)."""
+    diag = PointDiagnostics(model)
+    model.train()
+    diag.arm()
+    try:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+    finally:
+        rows = diag.disarm()
+        model.zero_grad(set_to_none=True)
+    return rows
+
+
+def _fmt(v, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else format(v, spec)
+
+
+def table(rows: list[dict[str, Any]], limit: Optional[int] = None) -> str:
+    """Rows worst first (lowest SQNR), one line each."""
+    rows = sorted(rows, key=lambda r: (math.isnan(r["sqnr_db"]), r["sqnr_db"]))[:limit]
+    head = f"{'layer':<28} {'point':<5} {'format':<22} {'SQNR dB':>8} {'rel L2':>8} {'flushed':>8} " \
+           f"{'satur.':>7} {'range':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['layer']:<28} {r['point']:<5} {r['format'][:22]:<22} {r['sqnr_db']:>8.2f} "
+                     f"{r['rel_l2']:>8.4f} {100 * r['flushed']:>7.2f}% {_fmt(r['saturated'], '>7.2%', 7)} "
+                     f"{_fmt(r['range_use'], '>6.2f', 6)}")
+    return "\n".join(lines)
+
+
+def heatmap(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Layers down, the nine points across, SQNR (dB) as colour; grey where a point is off."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    grid = np.full((len(layers), len(POINTS)), np.nan)
+    for r in rows:
+        v = r["sqnr_db"]
+        grid[layers.index(r["layer"]), POINTS.index(r["point"])] = min(v, 99.0) if not math.isnan(v) else np.nan
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(layers) + 1.8))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap)
+    ax.set_xticks(range(len(POINTS)), POINTS)
+    ax.set_yticks(range(len(layers)), layers, fontsize=7)
+    lo, hi = np.nanmin(grid), np.nanmax(grid)
+    for i in range(len(layers)):
+        for j in range(len(POINTS)):
+            if not np.isnan(grid[i, j]):
+                light = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.6  # viridis is light at the top
+                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=6,
+                        color="black" if light else "white")
+    fig.colorbar(im, ax=ax, label="SQNR (dB)")
+    ax.set_title(title or "SQNR per layer and quantization point (grey: full precision)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+CSV_FIELDS = ("step", "epoch", "layer", "point", "format", *MEASURES, "numel")
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], step: int, epoch: int) -> None:
+    """Append ``rows`` (with their step and epoch) to ``path``, header first when it is new."""
+    new = not Path(path).exists()
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({"step": step, "epoch": epoch, **{k: r.get(k) for k in CSV_FIELDS[2:]}})

@@ -1,0 +1,94 @@
+"""bfp.diagnostics: per-point SQNR and friends, the --diagnose callback and --mode diagnose."""
+import csv
+import math
+
+import pytest
+import torch
+
+from bfp import Float, LayerPrecision, quantize
+from bfp.cli import cifar as main
+from bfp.diagnostics import PointDiagnostics, measure_step, point_stats, table
+from bfp.layers import QLinear
+
+E4M3 = Float(4, 3)
+
+
+def test_point_stats_equal_a_float64_computation():
+    x = torch.tensor([1.0, 2.0, 3.0, 0.01, -500.0, float("nan"), 0.0])
+    q = torch.tensor([1.0, 2.0, 2.0, 0.0, -448.0, float("nan"), 0.0])
+    r = point_stats(x, q, Float(4, 3, encoding="fn"))  # max 448
+    sig = float(torch.tensor([1.0, 2.0, 3.0, 0.01, -500.0]).double().pow(2).sum())  # 0.01 as float32
+    err = float((torch.tensor([0.0, 0.0, 1.0, 0.01, -52.0]).double() ** 2).sum())
+    assert r["sqnr_db"] == 10 * math.log10(sig / err)
+    assert r["rel_l2"] == math.sqrt(err / sig)
+    assert r["flushed"] == 1 / 6  # 0.01, of six nonzeros (NaN counts, as the kernels' zero-setting counts)
+    assert r["saturated"] == 1 / 6        # |-500| > 448, of six finite elements
+    assert r["range_use"] == 500 / 448
+    assert r["numel"] == 7
+
+
+def test_point_stats_edges():
+    z = torch.zeros(4)
+    assert math.isnan(point_stats(z, z)["sqnr_db"]) and point_stats(z, z)["rel_l2"] == 0.0
+    x = torch.tensor([1.0, 2.0])
+    assert point_stats(x, x)["sqnr_db"] == math.inf
+    assert point_stats(x, x)["saturated"] is None  # no format: no fixed range
+
+
+def test_layer_points_are_measured_on_the_tensors_they_round():
+    torch.manual_seed(0)
+    lin = QLinear.from_float(torch.nn.Linear(16, 8), LayerPrecision(fw=E4M3, fi=E4M3, bwo=E4M3))
+    x = torch.randn(4, 16)
+    diag = PointDiagnostics(lin)
+    diag.arm()
+    out = lin(x)
+    out.pow(2).sum().backward()
+    rows = {r["point"]: r for r in diag.disarm()}
+    assert set(rows) == {"fw", "fi", "bwo"}
+    assert rows["fw"]["sqnr_db"] == point_stats(lin.weight, quantize(lin.weight, E4M3))["sqnr_db"]
+    assert rows["fi"]["sqnr_db"] == point_stats(x, quantize(x, E4M3))["sqnr_db"]
+    assert rows["fw"]["format"] == "e4m3"
+    assert lin.quantize_hook is None  # disarm gives the layer its hook back
+
+
+def test_measure_step_leaves_no_gradients_and_orders_worst_first():
+    from bfp.conversion import convert
+    from bfp.models import create
+    model = convert(create("ResNet10", width=4), "ResNet18_FB12")
+    rows = measure_step(model, torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))
+    assert rows and all(p.grad is None for p in model.parameters())
+    lines = table(rows).splitlines()[2:]
+    values = [float(line.split()[3]) for line in lines]
+    assert values == sorted(values)
+
+
+def test_diagnose_flag_writes_a_csv_every_n_steps(tiny_args, tmp_path):
+    assert main(tiny_args("--training-epochs", "1", "--bfp", "ResNet18_FB12", "--diagnose", "1", "--log", "True",
+                          "--do", "Simple/0.1/0.2/0/1", "--run-name", "d")) == 0
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "d" / "diagnostics.csv")))
+    steps = sorted({int(r["step"]) for r in rows})
+    assert steps == [1, 2]  # 64 images, batch 32: every step measured
+    assert {r["point"] for r in rows} >= {"fw", "fi", "bwo", "bwi", "bio", "biw"}
+    assert all(float(r["sqnr_db"]) > 0 for r in rows)
+
+
+def test_mode_diagnose_on_a_saved_run_prints_a_table_and_draws_a_heat_map(tiny_args, tmp_path, capsys):
+    assert main(tiny_args("--training-epochs", "1", "--bfp", "ResNet18_FB12", "--save", "True",
+                          "--run-name", "r")) == 0
+    run = tmp_path / "runs" / "r"
+    capsys.readouterr()
+    assert main(tiny_args("--mode", "diagnose", "--resume", str(run))) == 0
+    out = capsys.readouterr().out
+    assert "worst first" in out and "layer1.0.conv1" in out
+    assert (run / "diagnose.png").stat().st_size > 1000
+
+
+def test_mode_diagnose_without_a_config_says_what_it_needs(tiny_args, capsys):
+    assert main(tiny_args("--mode", "diagnose")) == 2
+    assert "--mode diagnose needs quantized layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1"])
+def test_bad_diagnose_interval(tiny_args, capsys, value):
+    assert main(tiny_args("--diagnose", value)) == 2
+    assert "--diagnose must be >= 0" in capsys.readouterr().err
