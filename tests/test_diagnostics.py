@@ -92,3 +92,38 @@ def test_mode_diagnose_without_a_config_says_what_it_needs(tiny_args, capsys):
 def test_bad_diagnose_interval(tiny_args, capsys, value):
     assert main(tiny_args("--diagnose", value)) == 2
     assert "--diagnose must be >= 0" in capsys.readouterr().err
+
+
+def test_draw_curve_plots_a_layers_sqnr_over_training(tiny_args, tmp_path, capsys):
+    from bfp.cli.plot import main as plot
+    assert main(tiny_args("--training-epochs", "2", "--bfp", "ResNet18_FB12", "--diagnose", "1", "--log", "True",
+                          "--run-name", "s")) == 0
+    run = tmp_path / "runs" / "s"
+    assert plot([str(run), "--sqnr", "layer1.0.conv1", "-o", str(tmp_path / "png")]) == 0
+    assert (tmp_path / "png" / "sqnr-layer1.0.conv1.png").stat().st_size > 1000
+    assert plot([str(run), "--sqnr", "nope"]) == 2
+    assert "measured layers: layer1.0.conv1" in capsys.readouterr().err
+
+
+def test_sweep_formats_and_sqnr_grow_with_bits():
+    from bfp.diagnostics import sweep, sweep_format
+    assert repr(sweep_format("float", 8, 4)).startswith("Float(e4m3")
+    assert repr(sweep_format("float", 16, 2)).startswith("Float(e5m10")
+    assert sweep_format("bfp", 6, 4).group == (1, 16, 1, 1)
+    assert sweep_format("mx", 8, 3).axis == 2
+    with pytest.raises(ValueError, match="allowed: bfp, float, mx"):
+        sweep_format("int", 8, 2)
+    g = torch.Generator().manual_seed(0)
+    rows = sweep({"fi": [torch.randn(4, 32, 3, 3, generator=g)]}, ("bfp",), range(2, 9))
+    sq = [r["sqnr_db"] for r in rows]
+    assert all(b > a + 4 for a, b in zip(sq, sq[1:]))  # about 6 dB per bit
+
+
+def test_mode_sweep_prints_and_plots(tiny_args, tmp_path, capsys):
+    png = tmp_path / "sweep.png"
+    assert main(tiny_args("--mode", "sweep", "--bfp", "ResNet18_FB12", "--sweep-family", "bfp,float",
+                          "--diagnose-out", str(png))) == 0
+    out = capsys.readouterr().out
+    assert "bfp    bits" in out and "float  bits" in out and png.stat().st_size > 1000
+    assert main(tiny_args("--mode", "sweep", "--bfp", "ResNet18_FB12", "--sweep-family", "posit")) == 2
+    assert "--sweep-family 'posit'" in capsys.readouterr().err

@@ -1,9 +1,11 @@
-"""``--mode diagnose``: what rounding does at every quantization point, on one training batch.
+"""``--mode diagnose`` and ``--mode sweep``: what rounding does at every quantization point, on one
+training batch.
 
 The model is the one ``--resume RUN`` saved (its weights and every layer's precision), or a
 fresh one converted with ``--bfp``. One forward and backward pass on the first training
 batch is measured (``bfp.diagnostics``; no optimizer step). Prints the table worst first and
-draws the heat map (layers down, points across, SQNR as colour).
+draws the heat map (layers down, points across, SQNR as colour). ``--mode sweep`` rounds the
+same batch's tensors at 2..16 bits of each ``--sweep-family`` and plots SQNR against bits.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ..conversion import load_precision_state
-from ..diagnostics import heatmap, measure_step, table
+from ..diagnostics import SWEEP_FAMILIES, capture_step, heatmap, measure_step, sweep, sweep_plot, table
 from ..engine.schedule import EpochPlan
 from .flags import UsageError
 from .run import convert, cpu_threads, initial_network_config, load_data, make_model, resolve_device, seed_everything
@@ -20,37 +22,77 @@ from .tasks import Task
 from .train_config import resume_checkpoint
 
 
+def _load(task: Task, args: argparse.Namespace, plan: EpochPlan):
+    """(model, first training batch, where: words, run directory or None) of the checkpoint or
+    of a fresh model converted with --bfp."""
+    device = resolve_device(args.device)
+    path, state = resume_checkpoint(args)
+    seed_everything(args.seed)
+    data = load_data(args, device, task)
+    model = make_model(task, args, data.num_classes, data.in_channels)
+    initial = state["network_config"] if state is not None else initial_network_config(args, plan)
+    if initial is None:
+        raise UsageError(f"--mode {args.mode} needs quantized layers: give --bfp CONFIG or --resume a run "
+                         f"trained with one")
+    model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        if state.get("precision_state") is not None:
+            load_precision_state(model, state["precision_state"])
+    model.to(device)
+    x, y = next(iter(data.train))
+    where = f"{args.model}, {initial if isinstance(initial, str) else 'network config'}" + \
+        (f", {path}" if path else ", fresh weights")
+    run_dir = None
+    if path:
+        run_dir = Path(path).parent.parent if Path(path).parent.name == "checkpoints" else Path(path).parent
+    return model, x.to(device), y.to(device), where, run_dir
+
+
+def _png(args: argparse.Namespace, run_dir, name: str) -> Path:
+    return Path(args.diagnose_out) if args.diagnose_out else (run_dir or Path(".")) / name
+
+
 def diagnose(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> list[dict]:
     out = stream or sys.stdout
     with cpu_threads(args.threads):
-        device = resolve_device(args.device)
-        path, state = resume_checkpoint(args)
-        seed_everything(args.seed)
-        data = load_data(args, device, task)
-        model = make_model(task, args, data.num_classes, data.in_channels)
-        initial = state["network_config"] if state is not None else initial_network_config(args, plan)
-        if initial is None:
-            raise UsageError("--mode diagnose needs quantized layers: give --bfp CONFIG or --resume a run "
-                             "trained with one")
-        model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
-        if state is not None:
-            model.load_state_dict(state["model"])
-            if state.get("precision_state") is not None:
-                load_precision_state(model, state["precision_state"])
-        model.to(device)
-        x, y = next(iter(data.train))
-        rows = measure_step(model, x.to(device), y.to(device))
+        model, x, y, where, run_dir = _load(task, args, plan)
+        rows = measure_step(model, x, y)
     if not rows:
         raise UsageError("no quantization point is active in this model's config")
-    where = f"{args.model}, {initial if isinstance(initial, str) else 'network config'}" + \
-        (f", {path}" if path else ", fresh weights")
     print(f"diagnose {where}: one training batch of {len(x)}, worst first", file=out)
     print(table(rows), file=out)
-    default = (Path(path).parent.parent if Path(path).parent.name == "checkpoints" else Path(path).parent) \
-        if path else Path(".")
-    png = Path(args.diagnose_out) if args.diagnose_out else default / "diagnose.png"
+    png = _png(args, run_dir, "diagnose.png")
     try:
         heatmap(rows, png, title=f"SQNR (dB) per layer and point: {where}")
+    except OSError as e:
+        raise UsageError(f"--diagnose-out {png}: cannot write ({e.strerror or e})") from None
+    print(f"wrote {png}", file=out)
+    return rows
+
+
+def sweep_mode(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> list[dict]:
+    """``--mode sweep``: the tensors of one batch at every active point, rounded to 2..16-bit
+    members of each ``--sweep-family``; SQNR against bits, one line per point."""
+    out = stream or sys.stdout
+    families = [f.strip() for f in args.sweep_family.split(",") if f.strip()]
+    bad = [f for f in families if f not in SWEEP_FAMILIES]
+    if bad or not families:
+        raise UsageError(f"--sweep-family {args.sweep_family!r}: allowed: a comma-separated subset of "
+                         f"{', '.join(SWEEP_FAMILIES)}")
+    with cpu_threads(args.threads):
+        model, x, y, where, run_dir = _load(task, args, plan)
+        rows = sweep(capture_step(model, x, y), families)
+    print(f"sweep {where}: SQNR (dB) of one training batch's tensors per point", file=out)
+    points = list(dict.fromkeys(r["point"] for r in rows))
+    for fam in families:
+        print(f"{fam:<6} bits " + " ".join(f"{p:>6}" for p in points), file=out)
+        for b in sorted({r["bits"] for r in rows}):
+            vals = {r["point"]: r["sqnr_db"] for r in rows if r["family"] == fam and r["bits"] == b}
+            print(f"{'':<6} {b:>4} " + " ".join(f"{vals[p]:>6.1f}" for p in points), file=out)
+    png = _png(args, run_dir, "sweep.png")
+    try:
+        sweep_plot(rows, png, title=f"SQNR against bits: {where}")
     except OSError as e:
         raise UsageError(f"--diagnose-out {png}: cannot write ({e.strerror or e})") from None
     print(f"wrote {png}", file=out)

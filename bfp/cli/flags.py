@@ -75,12 +75,13 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                                        "or stand alone (`--log`).")
     b = dict(type=str2bool, nargs="?", const=True, metavar="BOOL")
     g = p.add_argument_group("what to run")
-    g.add_argument("--mode", default="train", choices=["train", "generate-config", "diagnose"],
+    g.add_argument("--mode", default="train", choices=["train", "generate-config", "diagnose", "sweep"],
                    help="train: train and evaluate; generate-config: write a network config listing every "
                         "convertible layer of --model (to --config-out) and exit; diagnose: measure what "
                         "rounding does at every quantization point on one training batch (the model of "
                         "--resume RUN, or a fresh one with --bfp), print a table worst first and draw a "
-                        "heat map (--diagnose-out)")
+                        "heat map (--diagnose-out); sweep: round that batch's tensors at every point to "
+                        "2..16-bit members of --sweep-family and plot SQNR against bits")
     g.add_argument("-m", "--model", default=task.default_model,
                    help="network: one of bfp.models.names() (ResNet10/18/34/50/101/152, VGG11/13/16/19, "
                         "DenseNet121/161/169/201, DenseNetCifar, MobileNet, MobileNetV2, AlexNet, MLPMixer)")
@@ -166,9 +167,12 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="every N training steps, measure SQNR, relative error, flushed and saturated shares "
                         "at every quantization point (diagnostics.csv in the run directory, TensorBoard "
                         "diagnostics/...); 0: off")
+    g.add_argument("--sweep-family", default="bfp,float,mx", metavar="LIST",
+                   help="--mode sweep: comma-separated families: bfp (groups of 16 channels), float "
+                        "(e4m3 at 8 bits, e5m10 at 16), mx (those floats, blocks of 32)")
     g.add_argument("--diagnose-out", default=None, metavar="PNG",
-                   help="--mode diagnose: the heat map's path (default: diagnose.png in the --resume run "
-                        "directory, else in the current directory)")
+                   help="--mode diagnose/sweep: the PNG's path (default: diagnose.png or sweep.png in the "
+                        "--resume run directory, else in the current directory)")
     g.add_argument("--progress", **b, default=True, help="tqdm progress bar")
     g.add_argument("--config-out", default=None,
                    help="generate-config: output path (default conf_net/<model>_generated.json)")

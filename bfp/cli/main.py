@@ -17,7 +17,7 @@ from ..engine.checkpoint import CheckpointError
 from ..engine.trainer import NonFiniteTraining
 from . import plot
 from .compare import compare
-from .diagnose import diagnose
+from .diagnose import diagnose, sweep_mode
 from .evaluate import evaluate
 from .flags import UsageError
 from .generate import generate_config
@@ -73,6 +73,8 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
             generate_config(task, args)
         elif args.mode == "diagnose":
             diagnose(task, args, plan)
+        elif args.mode == "sweep":
+            sweep_mode(task, args, plan)
         elif task.hooks.evaluate_only(args):
             evaluate(task, args, plan)
         elif args.compare:

@@ -5,7 +5,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from ..engine.plots import MULTI_RUN_OUT, draw_curves
+from ..diagnostics import sqnr_curve
+from ..engine.plots import MULTI_RUN_OUT, default_out_dir, draw_curves
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> int:
@@ -18,10 +19,16 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> i
     p.add_argument("--labels", nargs="+", default=(), help="legend label per run (default: directory names)")
     p.add_argument("--log-loss", action="store_true",
                    help="loss on a log scale (an early spike no longer flattens the rest)")
+    p.add_argument("--sqnr", metavar="LAYER", default=None,
+                   help="also plot LAYER's SQNR per quantization point over training (sqnr-LAYER.png) from "
+                        "the runs' diagnostics.csv (train with --diagnose N)")
     args = p.parse_args(argv)
     try:
         for path in draw_curves(args.runs, args.out, args.labels, log_loss=args.log_loss):
             print(f"wrote {path}")
+        if args.sqnr:
+            out = args.out or default_out_dir(args.runs)
+            print(f"wrote {sqnr_curve(args.runs, args.sqnr, out, args.labels)}")
     except (FileNotFoundError, ValueError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
