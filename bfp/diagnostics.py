@@ -204,6 +204,11 @@ def heatmap(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
                         color="black" if light else "white")
     fig.colorbar(im, ax=ax, label="SQNR (dB)")
     ax.set_title(title or "SQNR per layer and quantization point (grey: full precision)", fontsize=9)
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -255,13 +260,7 @@ def sqnr_curve(run_dirs: list, layer: str, out: Path, labels=()) -> Path:
     ax.set_title(f"{layer}: SQNR per quantization point", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / f"sqnr-{layer.replace('/', '_')}.png"
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return png
+    return _save(fig, Path(out) / f"sqnr-{layer.replace('/', '_')}.png")
 
 
 # -- the bit-width sweep (--mode sweep) ----------------------------------------------------
@@ -352,9 +351,4 @@ def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
     axes[0][-1].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -13,33 +13,24 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..conversion import load_precision_state
 from ..diagnostics import SWEEP_FAMILIES, capture_step, heatmap, measure_step, sweep, sweep_plot, table
 from ..engine.schedule import EpochPlan
 from .flags import UsageError
-from .run import convert, cpu_threads, initial_network_config, load_data, make_model, resolve_device, seed_everything
+from .evaluate import saved_model
+from .run import cpu_threads
 from .tasks import Task
-from .train_config import resume_checkpoint
 
 
 def _load(task: Task, args: argparse.Namespace, plan: EpochPlan):
     """(model, first training batch, where: words, run directory or None) of the checkpoint or
     of a fresh model converted with --bfp."""
-    device = resolve_device(args.device)
-    path, state = resume_checkpoint(args)
-    seed_everything(args.seed)
-    data = load_data(args, device, task)
-    model = make_model(task, args, data.num_classes, data.in_channels)
-    initial = state["network_config"] if state is not None else initial_network_config(args, plan)
-    if initial is None:
+    if args.network_config is None and not args.resume and not plan.precision:
         raise UsageError(f"--mode {args.mode} needs quantized layers: give --bfp CONFIG or --resume a run "
                          f"trained with one")
-    model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
-    if state is not None:
-        model.load_state_dict(state["model"])
-        if state.get("precision_state") is not None:
-            load_precision_state(model, state["precision_state"])
-    model.to(device)
+    model, data, device, initial, path = saved_model(task, args, plan)
+    if initial is None:
+        raise UsageError(f"--mode {args.mode}: the run at {path} trained in FP32: no quantization point to "
+                         f"measure")
     x, y = next(iter(data.train))
     where = f"{args.model}, {initial if isinstance(initial, str) else 'network config'}" + \
         (f", {path}" if path else ", fresh weights")
@@ -47,6 +38,15 @@ def _load(task: Task, args: argparse.Namespace, plan: EpochPlan):
     if path:
         run_dir = Path(path).parent.parent if Path(path).parent.name == "checkpoints" else Path(path).parent
     return model, x.to(device), y.to(device), where, run_dir
+
+
+def _draw(draw, png: Path, out) -> None:
+    """``draw(png)``, a failed write named as --diagnose-out's."""
+    try:
+        draw(png)
+    except OSError as e:
+        raise UsageError(f"--diagnose-out {png}: cannot write ({e.strerror or e})") from None
+    print(f"wrote {png}", file=out)
 
 
 def _png(args: argparse.Namespace, run_dir, name: str) -> Path:
@@ -62,12 +62,8 @@ def diagnose(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None)
         raise UsageError("no quantization point is active in this model's config")
     print(f"diagnose {where}: one training batch of {len(x)}, worst first", file=out)
     print(table(rows), file=out)
-    png = _png(args, run_dir, "diagnose.png")
-    try:
-        heatmap(rows, png, title=f"SQNR (dB) per layer and point: {where}")
-    except OSError as e:
-        raise UsageError(f"--diagnose-out {png}: cannot write ({e.strerror or e})") from None
-    print(f"wrote {png}", file=out)
+    _draw(lambda png: heatmap(rows, png, title=f"SQNR (dB) per layer and point: {where}"),
+          _png(args, run_dir, "diagnose.png"), out)
     return rows
 
 
@@ -90,10 +86,6 @@ def sweep_mode(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=Non
         for b in sorted({r["bits"] for r in rows}):
             vals = {r["point"]: r["sqnr_db"] for r in rows if r["family"] == fam and r["bits"] == b}
             print(f"{'':<6} {b:>4} " + " ".join(f"{vals[p]:>6.1f}" for p in points), file=out)
-    png = _png(args, run_dir, "sweep.png")
-    try:
-        sweep_plot(rows, png, title=f"SQNR against bits: {where}")
-    except OSError as e:
-        raise UsageError(f"--diagnose-out {png}: cannot write ({e.strerror or e})") from None
-    print(f"wrote {png}", file=out)
+    _draw(lambda png: sweep_plot(rows, png, title=f"SQNR against bits: {where}"), _png(args, run_dir, "sweep.png"),
+          out)
     return rows

@@ -20,23 +20,31 @@ from .tasks import Task
 from .train_config import resume_checkpoint
 
 
+def saved_model(task: Task, args: argparse.Namespace, plan: EpochPlan):
+    """(model, data, device, network config, checkpoint path or None): the model of ``--resume``
+    (its weights and every layer's precision, dynamic changes included; not the training
+    state) or a fresh one converted with ``--bfp``, and the run's data."""
+    device = resolve_device(args.device)
+    # as a training resume loads it: a damaged file names the newest intact checkpoint beside it
+    path, state = resume_checkpoint(args)
+    seed_everything(args.seed)
+    data = load_data(args, device, task)
+    model = make_model(task, args, data.num_classes, data.in_channels)
+    initial = state["network_config"] if state is not None else initial_network_config(args, plan)
+    model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        if state.get("precision_state") is not None:
+            load_precision_state(model, state["precision_state"])
+    return model.to(device), data, device, initial, path
+
+
 def evaluate(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> dict[str, float]:
     out = stream or sys.stdout
     with cpu_threads(args.threads):
-        device = resolve_device(args.device)
-        # as a training resume loads it: a damaged file names the newest intact checkpoint beside it
-        _, state = resume_checkpoint(args)
-        seed_everything(args.seed)
-        data = load_data(args, device, task)
-        model = make_model(task, args, data.num_classes, data.in_channels)
-        initial = state["network_config"] if state is not None else initial_network_config(args, plan)
-        model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
+        model, data, device, initial, _ = saved_model(task, args, plan)
         trainer = Trainer(model, data, train_config(args, plan, device), device=device, log=RunLog(None, stream=out),
                           network_config=initial, name=args.model)
-        if state is not None:  # weights and every layer's precision; not the training state
-            trainer.model.load_state_dict(state["model"])
-            if state.get("precision_state") is not None:
-                load_precision_state(trainer.model, state["precision_state"])
         report = trainer.precision_report()
         if report:
             print(report, file=out)

@@ -140,6 +140,12 @@ def kernels(mode: int, block):
         nrr = (nb + per - 1) // per
         return nb, ncc, per, nrr
 
+    @njit(inline="always")
+    def _col_item(s, nb0, nrr, ncc, C):
+        """Work item ``s``: (a, i0, a * nb0 + i0, its run of row blocks, its columns c0:c1)."""
+        a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+        return a0 // nb0, a0 % nb0, a0, rr, cc * COLS, min(C, cc * COLS + COLS)
+
     @njit(parallel=True, cache=False)
     def col_max(xi, bmax, A, R0, R, C):
         """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the tile of rows i0*b0.. of axis R0 and
@@ -147,9 +153,7 @@ def kernels(mode: int, block):
         nb, ncc, per, nrr = _col_tasks(R, C)
         nb0 = (R0 + b0 - 1) // b0
         for s in prange(A * nb0 * nrr * ncc):
-            a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
-            a, i0 = a0 // nb0, a0 % nb0
-            c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
+            a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
             for rb in range(rr * per, min(nb, rr * per + per)):
                 out = (a0 * nb + rb) * C
                 for c in range(c0, c1):
@@ -166,9 +170,7 @@ def kernels(mode: int, block):
         nb, ncc, per, nrr = _col_tasks(R, C)
         nb0 = (R0 + b0 - 1) // b0
         for s in prange(A * nb0 * nrr * ncc):
-            a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
-            a, i0 = a0 // nb0, a0 % nb0
-            c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
+            a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
             ts = np.empty(c1 - c0, np.float32)
             for rb in range(rr * per, min(nb, rr * per + per)):
                 for c in range(c0, c1):

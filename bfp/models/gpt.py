@@ -14,21 +14,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..attention import Attention
-from .mixer import Mlp
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, hidden: int):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads, causal=True)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, hidden)
-
-    def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+from .vit import Block
 
 
 class GPT(nn.Module):
@@ -42,7 +28,7 @@ class GPT(nn.Module):
         self.block = block
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(block, dim)
-        self.blocks = nn.Sequential(*[Block(dim, heads, dim * mlp_ratio) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, dim * mlp_ratio, causal=True) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab)
 

@@ -17,10 +17,12 @@ from .mixer import Mlp
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, hidden: int):
+    """A pre-norm transformer block (also the GPT's, with ``causal=True``)."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, causal: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, causal=causal)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, hidden)
 
