@@ -3,6 +3,7 @@
     python benchmarks/overhead.py                                  # CPU, ResNet18, batch 32
     python benchmarks/overhead.py --device cuda --batch 128        # on a GPU
     python benchmarks/overhead.py --configs ResNet18_FB16 any_fp8_e4m3 --steps 20 --json out.json
+    python benchmarks/overhead.py --configs ResNet18_FB12 --diagnose 10   # the cost of --diagnose 10
 
 One training step (forward, backward, SGD update) of a CIFAR-size model on
 random 32x32 inputs, FP32 and each network config in turn, timed in rounds that
@@ -20,8 +21,22 @@ import torch
 
 import bfp
 import bfp.models
+from bfp.diagnostics import PointDiagnostics
 
 from _harness import alternate, emit_json, machine, print_table, sgd_step
+
+
+def diagnosed(model, step):
+    """``step`` with every quantization point of ``model`` measured (bfp.diagnostics)."""
+    diag = PointDiagnostics(model)
+
+    def run() -> None:
+        diag.arm()
+        try:
+            step()
+        finally:
+            diag.disarm()
+    return run
 
 
 def main(argv=None) -> int:
@@ -33,6 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (each times every variant once)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--diagnose", type=int, default=0, metavar="N",
+                    help="also time each config with bfp.diagnostics measuring the step (--diagnose N): the "
+                         "measured step itself, and its cost spread over N steps")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -48,10 +66,20 @@ def main(argv=None) -> int:
     x = torch.randn(args.batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch,), device=dev)
 
+    fns = {name: sgd_step(m, x, y) for name, m in variants.items()}
+    if args.diagnose:
+        for cfg in args.configs:
+            fns[f"{cfg} measured"] = diagnosed(variants[cfg], sgd_step(variants[cfg], x, y))
     # Two warm-up rounds: kernel compilation, the allocator.
-    t = alternate({name: sgd_step(m, x, y) for name, m in variants.items()}, args.steps, warmup=2, sync=sync)
+    t = alternate(fns, args.steps, warmup=2, sync=sync)
     rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median("fp32")}
-            for k in variants]
+            for k in fns]
+    for cfg in args.configs if args.diagnose else ():
+        per_step = t.median(f"{cfg} measured") / t.median(cfg)
+        rows.append({"variant": f"{cfg} --diagnose {args.diagnose}",
+                     "step_ms": 1e3 * t.median(cfg) * (1 + (per_step - 1) / args.diagnose),
+                     "ratio_to_fp32": t.median(cfg) * (1 + (per_step - 1) / args.diagnose) / t.median("fp32"),
+                     "ratio_to_config": 1 + (per_step - 1) / args.diagnose, "measured_step_ratio": per_step})
     print(f"{args.model} batch {args.batch} on {dev}, {torch.get_num_threads()} torch threads, "
           f"median of {args.steps} rounds")
     print_table([("variant", "s"), ("step ms", ".1f"), ("x fp32", ".2f")],

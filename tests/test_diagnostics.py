@@ -127,3 +127,45 @@ def test_mode_sweep_prints_and_plots(tiny_args, tmp_path, capsys):
     assert "bfp    bits" in out and "float  bits" in out and png.stat().st_size > 1000
     assert main(tiny_args("--mode", "sweep", "--bfp", "ResNet18_FB12", "--sweep-family", "posit")) == 2
     assert "--sweep-family 'posit'" in capsys.readouterr().err
+
+
+def _shadow_rows(precision):
+    from bfp.diagnostics import Shadow
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(QLinear.from_float(torch.nn.Linear(8, 16), precision), torch.nn.ReLU(),
+                                QLinear.from_float(torch.nn.Linear(16, 4), precision))
+    crit = torch.nn.functional.cross_entropy
+    sh = Shadow()
+    rec = sh.arm(model, crit)
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    rec(model(x), y).backward()
+    return sh.compare(crit)
+
+
+def test_shadow_of_an_exact_format_agrees_and_of_a_narrow_one_drifts():
+    f32 = Float(8, 23, overflow="inf")  # rounds float32 to itself
+    same = _shadow_rows(LayerPrecision(fw=f32, fi=f32, bwo=f32, bwi=f32, bio=f32, biw=f32))
+    assert [r["layer"] for r in same] == ["0", "2"]
+    for r in same:
+        assert r["act_rel"] == r["grad_rel"] == r["wgrad_rel"] == 0.0
+        assert abs(r["act_cos"] - 1) < 1e-12 and abs(r["wgrad_cos"] - 1) < 1e-12
+    e2m1 = Float(2, 1, encoding="finite")
+    narrow = _shadow_rows(LayerPrecision(fw=e2m1, fi=e2m1, bwo=e2m1, bio=e2m1))
+    assert all(r["act_rel"] > 0.01 and r["act_cos"] < 1 for r in narrow)
+
+
+def test_compare_is_cosine_and_relative_error():
+    from bfp.diagnostics import compare
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])
+    cos, rel = compare(a, b)
+    assert cos == 1 / math.sqrt(2) and rel == 1 / math.sqrt(2)
+    assert all(math.isnan(v) for v in compare(None, b))
+
+
+def test_shadow_flag_writes_shadow_csv_and_needs_diagnose(tiny_args, tmp_path, capsys):
+    assert main(tiny_args("--training-epochs", "1", "--bfp", "ResNet18_FB12", "--diagnose", "2", "--shadow", "True",
+                          "--log", "True", "--run-name", "sh")) == 0
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "sh" / "shadow.csv")))
+    assert rows and {r["step"] for r in rows} == {"2"} and 0 < float(rows[0]["act_cos"]) <= 1
+    assert main(tiny_args("--shadow", "True")) == 2
+    assert "--shadow compares" in capsys.readouterr().err

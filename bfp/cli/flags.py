@@ -167,6 +167,10 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="every N training steps, measure SQNR, relative error, flushed and saturated shares "
                         "at every quantization point (diagnostics.csv in the run directory, TensorBoard "
                         "diagnostics/...); 0: off")
+    g.add_argument("--shadow", **b, default=False,
+                   help="with --diagnose N: at each measured step also run an unquantized FP32 copy of the model "
+                        "on the same batch and record, per layer, the cosine similarity and relative error of "
+                        "activations, output gradients and weight gradients (shadow.csv, TensorBoard shadow/...)")
     g.add_argument("--sweep-family", default="bfp,float,mx", metavar="LIST",
                    help="--mode sweep: comma-separated families: bfp (groups of 16 channels), float "
                         "(e4m3 at 8 bits, e5m10 at 16), mx (those floats, blocks of 32)")

@@ -112,6 +112,8 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
     if args.diagnose < 0:
         raise UsageError(f"--diagnose must be >= 0 (0: off; N: measure one training step in every N), "
                          f"got {args.diagnose}")
+    if args.shadow and not args.diagnose:
+        raise UsageError("--shadow compares the model with an FP32 copy at the measured steps: give --diagnose N")
     if args.num_workers < 0:
         raise UsageError(f"--num-workers must be >= 0, got {args.num_workers}")
     if not -2 ** 63 <= args.seed < 2 ** 64:  # what torch.manual_seed accepts
@@ -333,5 +335,5 @@ def make_callbacks(args: argparse.Namespace, model, token: Optional[str], run_di
         except ValueError as e:
             raise UsageError(f"--do {args.do}: {e}") from None
     if args.diagnose:
-        callbacks.append(DiagnoseCallback(args.diagnose))
+        callbacks.append(DiagnoseCallback(args.diagnose, shadow=args.shadow))
     return callbacks + amp_callbacks(args)

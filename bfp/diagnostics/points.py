@@ -20,7 +20,7 @@ It only measures layers in training mode. When another hook is already set, such
 dynamic controller's ZSE meter, it asks that hook for the rounding, so both measure the
 same step. ``DiagnoseCallback`` measures one training step in every ``every``, writes
 ``diagnostics.csv`` to the run directory, and sends scalars to TensorBoard under
-``diagnostics/<layer>/<point>/<measure>``. ``table`` and ``heatmap`` show one
+``diagnostics/<layer>/<point>/<measure>``. ``table`` (here) and ``plots.heatmap`` show one
 measurement (``--mode diagnose``).
 """
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any, Optional
 
 import torch
 
-from .conversion import short_format
-from .formats import Float
-from .kernels import quantize, quantize_stats
-from .layers import CONVERTIBLE
-from .precision import POINTS
+from ..conversion import short_format
+from ..formats import Float
+from ..kernels import quantize_stats
+from ..layers import CONVERTIBLE
+from ..precision import POINTS
 
 MEASURES = ("sqnr_db", "rel_l2", "flushed", "saturated", "range_use")
 _Q_TYPES = tuple(CONVERTIBLE.values())
@@ -179,44 +179,6 @@ def table(rows: list[dict[str, Any]], limit: Optional[int] = None) -> str:
     return "\n".join(lines)
 
 
-def heatmap(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """Layers down, the nine points across, SQNR (dB) as colour; grey where a point is off."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    layers = list(dict.fromkeys(r["layer"] for r in rows))
-    grid = np.full((len(layers), len(POINTS)), np.nan)
-    for r in rows:
-        v = r["sqnr_db"]
-        grid[layers.index(r["layer"]), POINTS.index(r["point"])] = min(v, 99.0) if not math.isnan(v) else np.nan
-    fig, ax = plt.subplots(figsize=(7, 0.3 * len(layers) + 1.8))
-    cmap = plt.get_cmap("viridis").with_extremes(bad="#dddddd")
-    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap)
-    ax.set_xticks(range(len(POINTS)), POINTS)
-    ax.set_yticks(range(len(layers)), layers, fontsize=7)
-    lo, hi = np.nanmin(grid), np.nanmax(grid)
-    for i in range(len(layers)):
-        for j in range(len(POINTS)):
-            if not np.isnan(grid[i, j]):
-                light = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.6  # viridis is light at the top
-                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", fontsize=6,
-                        color="black" if light else "white")
-    fig.colorbar(im, ax=ax, label="SQNR (dB)")
-    ax.set_title(title or "SQNR per layer and quantization point (grey: full precision)", fontsize=9)
-    return _save(fig, path)
-
-
-def _save(fig, path) -> Path:
-    import matplotlib.pyplot as plt
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 CSV_FIELDS = ("step", "epoch", "layer", "point", "format", *MEASURES, "numel")
 
 
@@ -231,124 +193,3 @@ def write_csv(path: Path, rows: list[dict[str, Any]], step: int, epoch: int) -> 
             w.writerow({"step": step, "epoch": epoch, **{k: r.get(k) for k in CSV_FIELDS[2:]}})
 
 
-def sqnr_curve(run_dirs: list, layer: str, out: Path, labels=()) -> Path:
-    """``sqnr-<layer>.png``: the SQNR of every measured point of ``layer`` over training steps,
-    from each run's ``diagnostics.csv`` (written with ``--diagnose N``)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    drawn = 0
-    for i, run in enumerate(run_dirs):
-        path = Path(run) / "diagnostics.csv"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no diagnostics in this run (train with --diagnose N)")
-        with open(path, encoding="utf-8") as f:
-            rows = [r for r in csv.DictReader(f) if r["layer"] == layer]
-        if not rows:
-            with open(path, encoding="utf-8") as f:
-                names = sorted({r["layer"] for r in csv.DictReader(f)})
-            raise ValueError(f"{path}: no layer {layer!r}; measured layers: {', '.join(names)}")
-        name = labels[i] if i < len(labels) else Path(run).name
-        for point in [p for p in POINTS if any(r["point"] == p for r in rows)]:
-            pts = [(int(r["step"]), float(r["sqnr_db"])) for r in rows if r["point"] == point]
-            ax.plot(*zip(*pts), marker="o" if len(pts) <= 30 else None, ms=3,
-                    label=f"{name} {point}" if len(run_dirs) > 1 else point)
-            drawn += 1
-    ax.set_xlabel("training step")
-    ax.set_ylabel("SQNR (dB)")
-    ax.set_title(f"{layer}: SQNR per quantization point", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    return _save(fig, Path(out) / f"sqnr-{layer.replace('/', '_')}.png")
-
-
-# -- the bit-width sweep (--mode sweep) ----------------------------------------------------
-
-SWEEP_FAMILIES = ("bfp", "float", "mx")
-
-
-def _float_exp(bits: int) -> int:
-    return {2: 1, 3: 1, 4: 2, 5: 2, 6: 3, 7: 3, 8: 4}.get(bits, 5)
-
-
-def sweep_format(family: str, bits: int, ndim: int):
-    """The ``bits``-bit member of ``family`` for a tensor of ``ndim`` axes: ``bfp``:
-    BlockFloat(bits) in groups of 16 along the channel axis (1 for 4-D, the last otherwise);
-    ``float``: Float with 1/2/3/4 exponent bits up to 3/5/7/8 bits, 5 above (e4m3 at 8, e5m10
-    at 16); ``mx``: that Float as an MX element, blocks of 32 along the same axis."""
-    from .formats import MX, BlockFloat, Encoding
-    axis = 1 if ndim == 4 else max(ndim - 1, 0)
-    if family == "bfp":
-        group = [1] * max(ndim, 1)
-        group[axis] = 16
-        return BlockFloat(bits, group, rounding="nearest")
-    e = _float_exp(bits)
-    elem = Float(e, bits - 1 - e, encoding=Encoding.FINITE if e == 1 else Encoding.IEEE)
-    if family == "float":
-        return elem
-    if family == "mx":
-        return MX(elem, block=32, axis=axis)
-    raise ValueError(f"unknown sweep family {family!r}; allowed: {', '.join(SWEEP_FAMILIES)}")
-
-
-def capture_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """The unrounded tensors at every active point of one forward and backward pass, by point
-    (copies; the pass itself rounds as the model's config says; gradients are zeroed after)."""
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, _Q_TYPES)}
-    saved = {n: m.quantize_hook for n, m in layers.items()}
-    got: dict[str, list[torch.Tensor]] = {}
-
-    def make(previous):
-        def hook(layer, point, tensor, fmt):
-            got.setdefault(point, []).append(tensor.detach().float().clone())
-            if previous is not None:
-                return previous(layer, point, tensor, fmt)
-            return quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None), stats=False)[0]
-        return hook
-
-    model.train()
-    for n, m in layers.items():
-        m.quantize_hook = make(saved[n])
-    try:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-    finally:
-        for n, m in layers.items():
-            m.quantize_hook = saved[n]
-        model.zero_grad(set_to_none=True)
-    return got
-
-
-def sweep(tensors: dict[str, list[torch.Tensor]], families=SWEEP_FAMILIES, bits=range(2, 17)) -> list[dict]:
-    """SQNR of every point's tensors (summed over its layers) rounded to each family's member
-    of each width: rows ``{family, bits, point, sqnr_db}``."""
-    rows = []
-    for fam in families:
-        for b in bits:
-            for point in [p for p in POINTS if p in tensors]:
-                s = _Sums(None)
-                for t in tensors[point]:
-                    s.add(t, quantize(t, sweep_format(fam, b, t.dim())), None)
-                rows.append({"family": fam, "bits": b, "point": point, "sqnr_db": s.row()["sqnr_db"]})
-    return rows
-
-
-def sweep_plot(rows: list[dict], path: Path, title: str = "") -> Path:
-    """One panel per family: SQNR (dB) against bits, one line per point."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fams = list(dict.fromkeys(r["family"] for r in rows))
-    fig, axes = plt.subplots(1, len(fams), figsize=(4.2 * len(fams), 3.6), sharey=True, squeeze=False)
-    for ax, fam in zip(axes[0], fams):
-        for point in [p for p in POINTS if any(r["point"] == p and r["family"] == fam for r in rows)]:
-            pts = [(r["bits"], min(r["sqnr_db"], 150.0)) for r in rows if r["family"] == fam and r["point"] == point]
-            ax.plot(*zip(*pts), marker="o", ms=3, label=point)
-        ax.set_title(fam, fontsize=10)
-        ax.set_xlabel("bits")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("SQNR (dB)")
-    axes[0][-1].legend(fontsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
