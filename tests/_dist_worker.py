@@ -1,6 +1,7 @@
 """One rank of a multi-process test (launched by tests/test_distributed*.py with RANK/WORLD_SIZE set).
 
     python tests/_dist_worker.py hook OUT_DIR      DDP hook and emulated workers; saves OUT_DIR/rank<r>.pt
+    python tests/_dist_worker.py ring OUT_DIR      ring_allreduce on uneven shapes; saves OUT_DIR/rank<r>.pt
     python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn;
                                                    an item {"copy_run": [SRC, DST]} makes rank 0 copy a run
                                                    directory without its last.pt (to resume an earlier epoch);
@@ -178,13 +179,41 @@ class Recorder:
         self.path = None
 
 
+# The ring's cases: parameter shapes that split unevenly over 3 and 4 ranks, and reductions.
+RING_SHAPES = [(5, 3, 3, 3), (7,), (13, 10), (), (3, 24), (33, 4, 1, 1)]
+RING_CONFIGS = {
+    "e4m3": dict(fmt="e4m3", order="ring"),
+    "e5m2_aps_kahan_after": dict(fmt="e5m2", order="ring", aps=True, kahan=True, divide="after"),
+    "bf16_sum": dict(fmt="bfloat16", order="ring", average=False),
+    "fb12": dict(fmt="fb12", order="ring"),
+    "fb16_aps": dict(fmt="fb16", order="ring", aps=True),
+    "mx_e4m3_axis0": dict(fmt=MX(format_from_name("e4m3"), block=4, axis=0), order="ring"),
+    "mx_e2m1_kahan": dict(fmt=MX(format_from_name("float4_e2m1fn"), block=8, axis=-1), order="ring", kahan=True),
+    "float32": dict(fmt=None, order="ring"),
+}
+
+
+def ring_case(rank: int, out: Path) -> None:
+    """Every rank's local gradients and what ``ring_allreduce`` made of them, per config."""
+    from bfp.distributed.ring import ring_allreduce
+    g = torch.Generator().manual_seed(7 + rank)
+    local = [torch.randn(s, generator=g) * torch.exp2(torch.randint(-6, 6, s, generator=g).float()) for s in RING_SHAPES]
+    local[2][0, 0] = 3e-9 * (rank + 1)  # tiny values APS keeps
+    result = {"local": local, "ring": {}, "bytes": {}, "numel": sum(t.numel() for t in local)}
+    for name, cfg in RING_CONFIGS.items():
+        buf = torch.cat([t.reshape(-1) for t in local])
+        result["bytes"][name] = ring_allreduce(reduction(cfg), buf, [torch.Size(s) for s in RING_SHAPES])
+        result["ring"][name] = buf
+    torch.save(result, out / f"rank{rank}.pt")
+
+
 def main() -> int:
     mode = sys.argv[1]
     e = dist_env.read_env()
-    if mode == "hook":
+    if mode in ("hook", "ring"):
         torch.set_num_threads(1)
         dist_env.init(e, torch.device("cpu"))
-        hook_case(e.rank, Path(sys.argv[2]))
+        (hook_case if mode == "hook" else ring_case)(e.rank, Path(sys.argv[2]))
         dist.barrier()
         return 0
     from bfp.cli import run_task

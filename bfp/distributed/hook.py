@@ -2,14 +2,14 @@
 
 ``ddp.register_comm_hook(RoundedHookState(reduce), rounded_allreduce_hook)``
 replaces DDP's float32 all-reduce of each gradient bucket by
-``bfp.distributed.reduce.RoundedReduce``: the bucket (float32, unrounded)
-is all-gathered, so every rank holds all N workers' gradients, and every rank
-then computes the same rounded reduction of every parameter in the bucket,
-in its own shape, with the reference function itself. The wire carries N
-times the data of a ring reduce-scatter; the arithmetic is exactly that of
-N workers with narrow adders in the chosen order (``ring`` or
-``sequential``), and the result is bit for bit the single-process reference
-(tested with 2 gloo processes). With DDP a process is one worker; for N
+``bfp.distributed.reduce.RoundedReduce``. The ``ring`` order runs as a ring
+(``bfp.distributed.ring``: reduce-scatter and all-gather over point-to-point
+messages, ``2 (W-1)/W`` of the bucket sent per rank). The ``sequential`` order
+(and formats a chunk cannot be rounded alone in: NVFP4, Scaled) all-gathers
+the bucket, so every rank holds all N workers' gradients and computes the same
+reduction with the reference function itself (N times a ring's traffic). Both
+equal the single-process reference bit for bit (tested with 2, 3 and 4 gloo
+processes). With DDP a process is one worker; for N
 workers per process, see ``bfp.distributed.emulated``, which uses
 ``gather_workers`` below.
 
@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .reduce import RoundedReduce
+from .ring import ring_allreduce, ring_capable
 
 
 def gather_workers(rows: torch.Tensor, group: Any = None) -> torch.Tensor:
@@ -57,12 +58,19 @@ class RoundedHookState:
 
     reduce: RoundedReduce
     group: Optional[Any] = None
+    bytes_sent: int = 0  # by the ring, over the run (the gather's traffic is not counted)
 
 
 def rounded_allreduce_hook(state: RoundedHookState, bucket):  # no return annotation: DDP checks it
-    """DDP communication hook: a Future of the bucket with its gradients reduced by ``state.reduce``."""
+    """DDP communication hook: a Future of the bucket with its gradients reduced by ``state.reduce``:
+    round the ring (``bfp.distributed.ring``) for the ring order, else all-gathered."""
     buf = bucket.buffer()
     shapes = [p.shape for p in bucket.parameters()]
+    if ring_capable(state.reduce):
+        state.bytes_sent += ring_allreduce(state.reduce, buf, shapes, state.group)
+        fut = torch.futures.Future()
+        fut.set_result(buf)
+        return fut
     world = dist.get_world_size(state.group)
     parts = [torch.empty_like(buf) for _ in range(world)]
     work = dist.all_gather(parts, buf, group=state.group, async_op=True)
