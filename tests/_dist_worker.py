@@ -1,7 +1,8 @@
 """One rank of a multi-process test (launched by tests/test_distributed*.py with RANK/WORLD_SIZE set).
 
     python tests/_dist_worker.py hook OUT_DIR      DDP hook and emulated workers; saves OUT_DIR/rank<r>.pt
-    python tests/_dist_worker.py ring OUT_DIR      ring_allreduce on uneven shapes; saves OUT_DIR/rank<r>.pt
+    python tests/_dist_worker.py ring OUT_DIR [E]  the ring on uneven shapes, E workers per process (default 1);
+                                                   saves OUT_DIR/rank<r>.pt
     python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn;
                                                    an item {"copy_run": [SRC, DST]} makes rank 0 copy a run
                                                    directory without its last.pt (to resume an earlier epoch);
@@ -69,17 +70,6 @@ def local_grads(model, x, y, scale=1.0):
     return [p.grad.clone() for p in model.parameters()]
 
 
-class Recording:
-    """A reduction that keeps what it was given (the gathered workers' gradients)."""
-
-    def __init__(self, reduce):
-        self.reduce, self.seen = reduce, []
-
-    def __call__(self, stack):
-        self.seen.append(stack.clone())
-        return self.reduce(stack)
-
-
 def hook_case(rank: int, out: Path) -> None:
     x, y = batch(rank)
     result = {"local": {}, "hook": {}, "plain": None}
@@ -122,12 +112,13 @@ def hook_case(rank: int, out: Path) -> None:
     for order in ("ring", "sequential"):
         model = tiny_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        rec = Recording(RoundedReduce(format_from_name("e4m3"), order=order))
-        step = EmulatedStep(2, rec)
+        step = EmulatedStep(2, RoundedReduce(format_from_name("e4m3"), order=order))
         step(step.prepare(model), xs, ys, criterion=nn.CrossEntropyLoss(), optimizer=opt,
              amp=MixedPrecision("fp32"))  # no autocast, no scaling
         result["emulated"][order] = [p.grad.clone() for p in model.parameters()]
-        result["gathered"][order] = rec.seen  # per parameter: [4 workers, *shape]
+        # this rank's 2 workers' flat gradients as the step had them; the test joins the ranks'
+        total = sum(p.numel() for p in model.parameters())
+        result["gathered"][order] = step.last_rows[:, :total].clone()
     torch.save(result, out / f"rank{rank}.pt")
 
 
@@ -193,16 +184,27 @@ RING_CONFIGS = {
 }
 
 
-def ring_case(rank: int, out: Path) -> None:
-    """Every rank's local gradients and what ``ring_allreduce`` made of them, per config."""
-    from bfp.distributed.ring import ring_allreduce
+def ring_case(rank: int, out: Path, local_workers: int = 1) -> None:
+    """Every rank's workers' gradients and what the ring made of them, per config: one worker
+    per process through ``ring_allreduce`` (the DDP hook's), several through
+    ``ring_reduce_workers`` (--emulate-node's)."""
+    from bfp.distributed.ring import ring_allreduce, ring_reduce_workers
     g = torch.Generator().manual_seed(7 + rank)
-    local = [torch.randn(s, generator=g) * torch.exp2(torch.randint(-6, 6, s, generator=g).float()) for s in RING_SHAPES]
-    local[2][0, 0] = 3e-9 * (rank + 1)  # tiny values APS keeps
-    result = {"local": local, "ring": {}, "bytes": {}, "numel": sum(t.numel() for t in local)}
+    workers = []
+    for w in range(local_workers):
+        grads = [torch.randn(s, generator=g) * torch.exp2(torch.randint(-6, 6, s, generator=g).float())
+                 for s in RING_SHAPES]
+        grads[2][0, 0] = 3e-9 * (rank + w + 1)  # tiny values APS keeps
+        workers.append(grads)
+    shapes = [torch.Size(s) for s in RING_SHAPES]
+    result = {"workers": workers, "ring": {}, "bytes": {}, "numel": sum(t.numel() for t in workers[0])}
     for name, cfg in RING_CONFIGS.items():
-        buf = torch.cat([t.reshape(-1) for t in local])
-        result["bytes"][name] = ring_allreduce(reduction(cfg), buf, [torch.Size(s) for s in RING_SHAPES])
+        rows = torch.stack([torch.cat([t.reshape(-1) for t in w]) for w in workers])
+        if local_workers == 1:
+            buf = rows[0].clone()
+            result["bytes"][name] = ring_allreduce(reduction(cfg), buf, shapes)
+        else:
+            buf, result["bytes"][name] = ring_reduce_workers(reduction(cfg), rows, shapes)
         result["ring"][name] = buf
     torch.save(result, out / f"rank{rank}.pt")
 
@@ -213,7 +215,10 @@ def main() -> int:
     if mode in ("hook", "ring"):
         torch.set_num_threads(1)
         dist_env.init(e, torch.device("cpu"))
-        (hook_case if mode == "hook" else ring_case)(e.rank, Path(sys.argv[2]))
+        if mode == "hook":
+            hook_case(e.rank, Path(sys.argv[2]))
+        else:
+            ring_case(e.rank, Path(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 1)
         dist.barrier()
         return 0
     from bfp.cli import run_task

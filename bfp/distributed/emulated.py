@@ -5,9 +5,12 @@
 micro-batches, runs forward and backward on each as worker ``w`` would, keeps
 every worker's gradient apart and combines them with the same rounded
 reduction as the DDP hook (``bfp.distributed.reduce``). Under ``torchrun``
-each process emulates ``n`` workers and the gradients of all
-``world * n`` workers are gathered (rank order, then worker order), so 8
-processes with ``n = 32`` reduce like 256 workers.
+each process emulates ``n`` workers (worker ``rank * n + w``), so 8 processes
+with ``n = 32`` reduce like 256 workers. The ``ring`` order runs as a ring
+(``bfp.distributed.ring.ring_reduce_workers``): a process holds its own ``n``
+workers' gradients and the partial sums passing through it, never the other
+processes' gradients. The ``sequential`` order (and NVFP4/Scaled gradient
+formats) gathers every worker's gradients on every process.
 
 What matches a real run of ``world * n`` workers bit for bit (tested: a
 2-process gloo run against one process with ``--emulate-node 2``): the
@@ -36,6 +39,7 @@ import torch.nn as nn
 from .env import broadcast_state, group_size
 from .hook import gather_workers, reduce_flat
 from .reduce import RoundedReduce
+from .ring import ring_capable, ring_reduce_workers
 
 
 class EmulatedStep:
@@ -46,6 +50,7 @@ class EmulatedStep:
             raise ValueError(f"--emulate-node must be a positive integer, got {n!r}")
         self.n, self.reduce, self.group = n, reduce, group
         self._synced: Optional[int] = None
+        self.bytes_sent = 0  # by the ring, over the run
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """The model itself; under torchrun, rank 0's parameters are copied to all ranks once."""
@@ -82,11 +87,21 @@ class EmulatedStep:
                 off += sizes[i]
             losses.append(loss)
             outs.append(out)
-        if group_size(self.group) > 1:
-            rows = gather_workers(rows, self.group)
-        flat = reduce_flat(self.reduce, rows[:, :total], [p.shape for p in params],
-                           torch.empty(total, dtype=torch.float32, device=x.device))
-        used = rows[:, total:].amax(0) > 0
+        shapes = [p.shape for p in params]
+        self.last_rows = rows  # this process's workers' gradients of the step (tests, diagnostics)
+        if ring_capable(self.reduce):  # this process's workers only; partial sums go round the ring
+            flat, sent = ring_reduce_workers(self.reduce, rows[:, :total], shapes, self.group)
+            self.bytes_sent += sent
+            used = rows[:, total:].amax(0)
+            if group_size(self.group) > 1:
+                torch.distributed.all_reduce(used, op=torch.distributed.ReduceOp.MAX, group=self.group)
+            used = used > 0
+        else:  # sequential (CPD's gather), or a format rounded on whole tensors only
+            if group_size(self.group) > 1:
+                rows = gather_workers(rows, self.group)
+            flat = reduce_flat(self.reduce, rows[:, :total], shapes,
+                               torch.empty(total, dtype=torch.float32, device=x.device))
+            used = rows[:, total:].amax(0) > 0
         off = 0
         for i, p in enumerate(params):
             p.grad = flat[off:off + sizes[i]].view_as(p).to(p.dtype) if used[i] else None

@@ -64,99 +64,182 @@ def _q_chunk(reduce: RoundedReduce, t: torch.Tensor, shape: torch.Size) -> torch
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, rank: int, world: int, group) -> None:
+    """Send ``send`` to the right neighbour and receive ``recv`` from the left one, at once (an
+    empty side is skipped: both ends of a link know its size)."""
     right, left = (rank + 1) % world, (rank - 1) % world
-    ops = [dist.P2POp(dist.isend, send, dist.get_global_rank(group, right) if group else right, group),
-           dist.P2POp(dist.irecv, recv, dist.get_global_rank(group, left) if group else left, group)]
-    for work in dist.batch_isend_irecv(ops):
+    ops = []
+    if send.numel():
+        ops.append(dist.P2POp(dist.isend, send, dist.get_global_rank(group, right) if group else right, group))
+    if recv.numel():
+        ops.append(dist.P2POp(dist.irecv, recv, dist.get_global_rank(group, left) if group else left, group))
+    for work in dist.batch_isend_irecv(ops) if ops else ():
         work.wait()
 
 
 def ring_allreduce(reduce: RoundedReduce, buf: torch.Tensor, shapes: list[torch.Size],
                    group: Optional[Any] = None) -> int:
     """Reduce the flat bucket ``buf`` (this rank's gradients of parameters of ``shapes``, one
-    after another) over the ring, in place; returns the bytes this rank sent."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    after another) over the ring of processes, in place; returns the bytes this rank sent."""
+    out, sent = ring_reduce_workers(reduce, buf.reshape(1, -1), shapes, group)
+    buf.copy_(out)
+    return sent
+
+
+def _visits(k: int, procs: int, local: int) -> list[tuple[int, int, int]]:
+    """Where chunk ``k`` (starting at worker k of W = procs x local) is added, in order, as
+    (process, first local worker, end): the rest of its own process, every other process
+    whole, then the first workers of its own process."""
+    p0, s0 = divmod(k, local)
+    out = [(p0, s0, local)] + [((p0 + i) % procs, 0, local) for i in range(1, procs)]
+    return out + ([(p0, 0, s0)] if s0 else [])
+
+
+def ring_reduce_workers(reduce: RoundedReduce, rows: torch.Tensor, shapes: list[torch.Size],
+                        group: Optional[Any] = None) -> tuple[torch.Tensor, int]:
+    """The ring reduction of W = processes x E workers, this process holding its E workers'
+    flat gradients ``rows`` ([E, numel]; workers ``rank * E ..``): (the reduced flat gradient,
+    the bytes this rank sent). Each chunk's partial sum passes the workers in ring order, E at
+    a time inside a process, one message per step between neighbouring processes."""
+    procs = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    rank = dist.get_rank(group) if procs > 1 else 0
+    local = rows.shape[0]
+    world = procs * local
     offs, off = [], 0
     for s in shapes:
         offs.append(off)
         off += s.numel()
-    if off != buf.numel():
-        raise RuntimeError(f"bucket holds {buf.numel()} gradient elements, its parameters {off}")
-    with torch.autocast(buf.device.type, enabled=False):
-        v = buf.float().clone()
+    if off != rows.shape[1]:
+        raise RuntimeError(f"gradient rows hold {rows.shape[1]} elements, their parameters {off}")
+    with torch.autocast(rows.device.type, enabled=False):
+        v = rows.float()
         if reduce.average and reduce.divide == "before":
             v = v / world
-        shifts = [0] * len(shapes)
-        if reduce.aps:  # the largest magnitude over all ranks, per parameter (non-finite: +inf)
-            amax = torch.stack([v[o:o + s.numel()].abs().max() if s.numel() else v.new_zeros(())
-                                for o, s in zip(offs, shapes)])
-            amax = torch.where(torch.isfinite(amax), amax, torch.inf)
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
-            for i, a in enumerate(amax.tolist()):
-                shifts[i] = aps_shift(torch.tensor([[a]] * world), reduce.fmt)
-        own = []
+        shifts = _aps_shifts(reduce, v, offs, shapes, world, procs, group)
+        own = torch.empty_like(v)  # every local worker's shifted, rounded gradient
         for i, (o, s) in enumerate(zip(offs, shapes)):
-            t = _shift_up(v[o:o + s.numel()], shifts[i])
-            own.append(reduce._q(t.reshape(tuple(s) or (1,))).reshape(-1) if reduce.fmt is not None else t)
-        chunks = [_chunks(s, world, reduce.fmt) for s in shapes]
-        part, sent = _reduce_scatter(reduce, own, shapes, chunks, world, rank, group)
-        mine = (rank + 1) % world  # the chunk whose whole sum this rank now holds
-        for i, (p, c) in enumerate(zip(part, chunks)):
-            a, b = c[mine]
-            x = _shift_up(p[a:b], -shifts[i])
-            if reduce.average and reduce.divide == "after":
-                x = x / world
-            p[a:b] = x
-        sent += _all_gather(part, chunks, world, rank, group)
-        for p, o, s in zip(part, offs, shapes):
-            buf[o:o + s.numel()].copy_(p)
-    return sent
+            for w in range(local):
+                t = _shift_up(v[w, o:o + s.numel()], shifts[i])
+                own[w, o:o + s.numel()] = t if reduce.fmt is None else \
+                    reduce._q(t.reshape(tuple(s) or (1,))).reshape(-1)
+        del v
+        pieces = _pieces(reduce, offs, shapes, world)  # chunk k -> [(param, a, b)] flat ranges
+        done, sent = _reduce_scatter(reduce, own, shapes, pieces, procs, local, rank, group)
+        for k, part in list(done.items()):  # finish the chunks whose sums end here
+            x, pos = [], 0
+            for i, a, b in pieces[k]:
+                t = _shift_up(part[pos:pos + b - a], -shifts[i])
+                x.append(t / world if reduce.average and reduce.divide == "after" else t)
+                pos += b - a
+            done[k] = torch.cat(x) if x else part
+        sent += _all_gather(done, pieces, procs, local, rank, group)
+        out = rows.new_empty(rows.shape[1], dtype=torch.float32)
+        for k, part in done.items():
+            pos = 0
+            for i, a, b in pieces[k]:
+                out[a:b] = part[pos:pos + b - a]
+                pos += b - a
+    return out, sent
 
 
-def _reduce_scatter(reduce: RoundedReduce, own: list[torch.Tensor], shapes, chunks, world: int, rank: int,
-                    group) -> tuple[list[torch.Tensor], int]:
-    """W-1 steps; afterwards rank r's ``part`` holds the rounded sum of chunk (r + 1) mod W."""
-    part = [t.clone() for t in own]
-    comp = [torch.zeros_like(t) for t in own] if reduce.kahan else None
-    sent = 0
-    for j in range(world - 1):
-        k_out, k_in = (rank - j) % world, (rank - j - 1) % world
-        pieces = [p[c[k_out][0]:c[k_out][1]] for p, c in zip(part, chunks)]
-        if comp is not None:
-            pieces += [p[c[k_out][0]:c[k_out][1]] for p, c in zip(comp, chunks)]
-        send = torch.cat(pieces)
-        n_in = sum(c[k_in][1] - c[k_in][0] for c in chunks)
-        recv = send.new_empty(n_in * (2 if comp is not None else 1))
-        _exchange(send, recv, rank, world, group)
+def _aps_shifts(reduce, v, offs, shapes, world, procs, group) -> list[int]:
+    """Per parameter, the APS shift from the largest magnitude over all workers (0 without APS)."""
+    if not reduce.aps:
+        return [0] * len(shapes)
+    amax = torch.stack([v[:, o:o + s.numel()].abs().max() if s.numel() else v.new_zeros(())
+                        for o, s in zip(offs, shapes)])
+    amax = torch.where(torch.isfinite(amax), amax, torch.inf)  # NaN/Inf anywhere: no shift
+    if procs > 1:
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    return [aps_shift(torch.full((world, 1), a), reduce.fmt) for a in amax.tolist()]
+
+
+def _pieces(reduce, offs, shapes, world) -> list[list[tuple[int, int, int]]]:
+    pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
+    for i, (o, s) in enumerate(zip(offs, shapes)):
+        for k, (a, b) in enumerate(_chunks(s, world, reduce.fmt)):
+            if b > a:
+                pieces[k].append((i, o + a, o + b))
+    return pieces
+
+
+def _add_workers(reduce, part, comp, own, pieces_k, shapes, workers, first: bool):
+    """Add the local workers ``workers`` (in order) to chunk k's partial ``part`` (and Kahan's
+    ``comp``), rounding every operation per parameter piece as ``RoundedReduce._sum``."""
+    for w in workers:
+        t = torch.cat([own[w, a:b] for _, a, b in pieces_k]) if pieces_k else own.new_empty(0)
+        if first:
+            part, comp, first = t.clone(), torch.zeros_like(t) if reduce.kahan else None, False
+            continue
+        pos, new_p, new_c = 0, [], []
+        for i, a, b in pieces_k:
+            n, s = b - a, shapes[i]
+            sp, tp = part[pos:pos + n], t[pos:pos + n]
+            if reduce.kahan:
+                y = _q_chunk(reduce, tp - comp[pos:pos + n], s)
+                tot = _q_chunk(reduce, sp + y, s)
+                new_c.append(_q_chunk(reduce, _q_chunk(reduce, tot - sp, s) - y, s))
+                new_p.append(tot)
+            else:
+                new_p.append(_q_chunk(reduce, sp + tp, s))
+            pos += n
+        part = torch.cat(new_p)
+        comp = torch.cat(new_c) if reduce.kahan else None
+    return part, comp
+
+
+def _reduce_scatter(reduce, own, shapes, pieces, procs, local, rank, group):
+    """Run every chunk along its visits, one step per visit, the partial sums (and Kahan's
+    compensations) of the chunks going on sent to the right neighbour after each step.
+    Returns ({chunk: its rounded sum} for the chunks whose last visit is this rank, bytes sent)."""
+    world = procs * local
+    visits = [_visits(k, procs, local) for k in range(world)]
+    state: dict[int, tuple] = {}  # chunk -> (partial, compensation) held on this rank
+    done, sent = {}, 0
+    for t in range(max(len(v) for v in visits)):
+        here = [k for k in range(world) if t < len(visits[k]) and visits[k][t][0] == rank]
+        for k in here:
+            _, a, b = visits[k][t]
+            part, comp = state.pop(k, (None, None))
+            state[k] = _add_workers(reduce, part, comp, own, pieces[k], shapes, range(a, b), t == 0)
+            if t + 1 == len(visits[k]):
+                done[k] = state.pop(k)[0]
+        if procs == 1:  # the next visit is here too: nothing to send
+            continue
+        outgoing = [k for k in here if t + 1 < len(visits[k])]
+        incoming = [k for k in range(world) if t + 1 < len(visits[k]) and visits[k][t + 1][0] == rank]
+        parts = [state[k][0] for k in outgoing] + ([state[k][1] for k in outgoing] if reduce.kahan else [])
+        send = torch.cat(parts) if parts else own.new_empty(0)
+        sizes = [sum(b - a for _, a, b in pieces[k]) for k in incoming]
+        recv = own.new_empty(sum(sizes) * (2 if reduce.kahan else 1))
+        _exchange(send, recv, rank, procs, group)
         sent += send.numel() * send.element_size()
-        off = 0
-        for i, (s, c) in enumerate(zip(shapes, chunks)):
-            a, b = c[k_in]
-            s_in, t = recv[off:off + b - a], own[i][a:b]
-            if comp is None:
-                part[i][a:b] = _q_chunk(reduce, s_in + t, s)
-            else:  # as RoundedReduce._sum: y = q(t - c); s' = q(s + y); c = q(q(s' - s) - y)
-                c_in = recv[n_in + off:n_in + off + b - a]
-                y = _q_chunk(reduce, t - c_in, s)
-                tot = _q_chunk(reduce, s_in + y, s)
-                comp[i][a:b] = _q_chunk(reduce, _q_chunk(reduce, tot - s_in, s) - y, s)
-                part[i][a:b] = tot
-            off += b - a
-    return part, sent
+        for k in outgoing:
+            state.pop(k)
+        pos, n_all = 0, sum(sizes)
+        for k, n in zip(incoming, sizes):
+            state[k] = (recv[pos:pos + n], recv[n_all + pos:n_all + pos + n] if reduce.kahan else None)
+            pos += n
+    return done, sent
 
 
-def _all_gather(part: list[torch.Tensor], chunks, world: int, rank: int, group) -> int:
-    """W-1 steps passing the finished chunks on; returns the bytes sent."""
-    sent = 0
-    for j in range(world - 1):
-        k_out, k_in = (rank + 1 - j) % world, (rank - j) % world
-        send = torch.cat([p[c[k_out][0]:c[k_out][1]] for p, c in zip(part, chunks)])
-        recv = send.new_empty(sum(c[k_in][1] - c[k_in][0] for c in chunks))
-        _exchange(send, recv, rank, world, group)
+def _final_rank(k: int, procs: int, local: int) -> int:
+    return _visits(k, procs, local)[-1][0]
+
+
+def _all_gather(done: dict, pieces, procs, local, rank, group) -> int:
+    """Pass every finished chunk round the ring (procs - 1 steps) so every rank has them all."""
+    world, sent = procs * local, 0
+    for j in range(procs - 1):
+        src_out, src_in = (rank - j) % procs, (rank - j - 1) % procs
+        out_k = [k for k in range(world) if _final_rank(k, procs, local) == src_out]
+        in_k = [k for k in range(world) if _final_rank(k, procs, local) == src_in]
+        send = torch.cat([done[k] for k in out_k]) if out_k else torch.zeros(0, device=next(iter(done.values())).device) if done else torch.zeros(0)
+        sizes = [sum(b - a for _, a, b in pieces[k]) for k in in_k]
+        recv = send.new_empty(sum(sizes))
+        _exchange(send, recv, rank, procs, group)
         sent += send.numel() * send.element_size()
-        off = 0
-        for p, c in zip(part, chunks):
-            a, b = c[k_in]
-            p[a:b] = recv[off:off + b - a]
-            off += b - a
+        pos = 0
+        for k, n in zip(in_k, sizes):
+            done[k] = recv[pos:pos + n]
+            pos += n
     return sent
