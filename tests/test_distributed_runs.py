@@ -123,9 +123,15 @@ def test_reduction_and_optimizer_flags_through_emulated_workers(tiny_args, monke
     seen = {}
     reduce_flat, step_call = emulated.reduce_flat, emulated.EmulatedStep.__call__
 
+    ring = emulated.ring_reduce_workers
+
     def recording_reduce(reduce, rows, shapes, out):
         seen.update(reduce=reduce, rows=rows.clone(), shapes=shapes)
         return reduce_flat(reduce, rows, shapes, out)
+
+    def recording_ring(reduce, rows, shapes, group=None):  # the ring order's path (one process)
+        seen.update(reduce=reduce, rows=rows.clone(), shapes=shapes)
+        return ring(reduce, rows, shapes, group)
 
     def recording_step(step, model, x, y, *, criterion, optimizer, amp):
         seen.update(before=[p.detach().clone() for p in model.parameters()], lr=optimizer.param_groups[0]["lr"],
@@ -135,6 +141,7 @@ def test_reduction_and_optimizer_flags_through_emulated_workers(tiny_args, monke
         return out
 
     monkeypatch.setattr(emulated, "reduce_flat", recording_reduce)
+    monkeypatch.setattr(emulated, "ring_reduce_workers", recording_ring)
     monkeypatch.setattr(emulated.EmulatedStep, "__call__", recording_step)
     emulate = [] if "--emulate-node" in flags else ["--emulate-node", "2"]
     assert main(tiny_args("--training-epochs", "1", *emulate, *flags, train_images=32)) == 0  # one step
