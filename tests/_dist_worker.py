@@ -113,6 +113,7 @@ def hook_case(rank: int, out: Path) -> None:
         model = tiny_model()
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
         step = EmulatedStep(2, RoundedReduce(format_from_name("e4m3"), order=order))
+        step.keep_rows = True
         step(step.prepare(model), xs, ys, criterion=nn.CrossEntropyLoss(), optimizer=opt,
              amp=MixedPrecision("fp32"))  # no autocast, no scaling
         result["emulated"][order] = [p.grad.clone() for p in model.parameters()]

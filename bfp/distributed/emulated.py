@@ -51,6 +51,7 @@ class EmulatedStep:
         self.n, self.reduce, self.group = n, reduce, group
         self._synced: Optional[int] = None
         self.bytes_sent = 0  # by the ring, over the run
+        self.keep_rows, self.last_rows = False, None
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """The model itself; under torchrun, rank 0's parameters are copied to all ranks once."""
@@ -88,7 +89,8 @@ class EmulatedStep:
             losses.append(loss)
             outs.append(out)
         shapes = [p.shape for p in params]
-        self.last_rows = rows  # this process's workers' gradients of the step (tests, diagnostics)
+        if self.keep_rows:  # a copy of this process's workers' gradients (tests); the ring consumes rows
+            self.last_rows = rows.clone()
         if ring_capable(self.reduce):  # this process's workers only; partial sums go round the ring
             flat, sent = ring_reduce_workers(self.reduce, rows[:, :total], shapes, self.group)
             self.bytes_sent += sent

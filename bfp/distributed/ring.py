@@ -80,7 +80,7 @@ def ring_allreduce(reduce: RoundedReduce, buf: torch.Tensor, shapes: list[torch.
                    group: Optional[Any] = None) -> int:
     """Reduce the flat bucket ``buf`` (this rank's gradients of parameters of ``shapes``, one
     after another) over the ring of processes, in place; returns the bytes this rank sent."""
-    out, sent = ring_reduce_workers(reduce, buf.reshape(1, -1), shapes, group)
+    out, sent = ring_reduce_workers(reduce, buf.float().reshape(1, -1).clone(), shapes, group)
     buf.copy_(out)
     return sent
 
@@ -97,8 +97,9 @@ def _visits(k: int, procs: int, local: int) -> list[tuple[int, int, int]]:
 def ring_reduce_workers(reduce: RoundedReduce, rows: torch.Tensor, shapes: list[torch.Size],
                         group: Optional[Any] = None) -> tuple[torch.Tensor, int]:
     """The ring reduction of W = processes x E workers, this process holding its E workers'
-    flat gradients ``rows`` ([E, numel]; workers ``rank * E ..``): (the reduced flat gradient,
-    the bytes this rank sent). Each chunk's partial sum passes the workers in ring order, E at
+    flat gradients ``rows`` ([E, numel]; workers ``rank * E ..``; float32 rows are overwritten
+    with the rounded addends): (the reduced flat gradient, the bytes this rank sent). Memory:
+    ``rows``, the partial sums passing through (at most one gradient's worth) and the result. Each chunk's partial sum passes the workers in ring order, E at
     a time inside a process, one message per step between neighbouring processes."""
     procs = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
     rank = dist.get_rank(group) if procs > 1 else 0
@@ -111,17 +112,16 @@ def ring_reduce_workers(reduce: RoundedReduce, rows: torch.Tensor, shapes: list[
     if off != rows.shape[1]:
         raise RuntimeError(f"gradient rows hold {rows.shape[1]} elements, their parameters {off}")
     with torch.autocast(rows.device.type, enabled=False):
-        v = rows.float()
+        # in place: rows become every local worker's shifted, rounded gradient (no second copy)
+        own = rows if rows.dtype == torch.float32 else rows.float()
         if reduce.average and reduce.divide == "before":
-            v = v / world
-        shifts = _aps_shifts(reduce, v, offs, shapes, world, procs, group)
-        own = torch.empty_like(v)  # every local worker's shifted, rounded gradient
+            own.div_(world)
+        shifts = _aps_shifts(reduce, own, offs, shapes, world, procs, group)
         for i, (o, s) in enumerate(zip(offs, shapes)):
             for w in range(local):
-                t = _shift_up(v[w, o:o + s.numel()], shifts[i])
+                t = _shift_up(own[w, o:o + s.numel()], shifts[i])
                 own[w, o:o + s.numel()] = t if reduce.fmt is None else \
                     reduce._q(t.reshape(tuple(s) or (1,))).reshape(-1)
-        del v
         pieces = _pieces(reduce, offs, shapes, world)  # chunk k -> [(param, a, b)] flat ranges
         done, sent = _reduce_scatter(reduce, own, shapes, pieces, procs, local, rank, group)
         for k, part in list(done.items()):  # finish the chunks whose sums end here
