@@ -3,6 +3,8 @@
     python benchmarks/allreduce.py                                 # 2 gloo processes on the CPU, ResNet18
     python benchmarks/allreduce.py --width 16 --batch 16 --steps 4 # a quick look
     python benchmarks/allreduce.py --device cuda --world 2         # NCCL, one GPU per process
+    python benchmarks/allreduce.py --traffic                       # ring bytes, collective time, memory
+                                                                   # (benchmarks/allreduce_traffic.py)
 
 Started without RANK in the environment it launches ``--world`` copies of
 itself (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, as torchrun would). Every
@@ -97,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--traffic" in argv:  # bytes per rank, collective time and memory: benchmarks/allreduce_traffic.py
+        import allreduce_traffic
+        return allreduce_traffic.main([a for a in argv if a != "--traffic"])
     args = parse(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA GPU is visible to torch")

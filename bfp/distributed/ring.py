@@ -123,21 +123,14 @@ def ring_reduce_workers(reduce: RoundedReduce, rows: torch.Tensor, shapes: list[
                 own[w, o:o + s.numel()] = t if reduce.fmt is None else \
                     reduce._q(t.reshape(tuple(s) or (1,))).reshape(-1)
         pieces = _pieces(reduce, offs, shapes, world)  # chunk k -> [(param, a, b)] flat ranges
-        done, sent = _reduce_scatter(reduce, own, shapes, pieces, procs, local, rank, group)
-        for k, part in list(done.items()):  # finish the chunks whose sums end here
-            x, pos = [], 0
+        out = own.new_empty(own.shape[1])  # the partial sums live here, then the result
+        comp = torch.zeros_like(out) if reduce.kahan else None
+        finished, sent = _reduce_scatter(reduce, own, out, comp, shapes, pieces, procs, local, rank, group)
+        for k in finished:  # finish the chunks whose sums end here
             for i, a, b in pieces[k]:
-                t = _shift_up(part[pos:pos + b - a], -shifts[i])
-                x.append(t / world if reduce.average and reduce.divide == "after" else t)
-                pos += b - a
-            done[k] = torch.cat(x) if x else part
-        sent += _all_gather(done, pieces, procs, local, rank, group)
-        out = rows.new_empty(rows.shape[1], dtype=torch.float32)
-        for k, part in done.items():
-            pos = 0
-            for i, a, b in pieces[k]:
-                out[a:b] = part[pos:pos + b - a]
-                pos += b - a
+                t = _shift_up(out[a:b], -shifts[i])
+                out[a:b] = t / world if reduce.average and reduce.divide == "after" else t
+        sent += _all_gather(out, pieces, procs, local, rank, group)
     return out, sent
 
 
@@ -145,8 +138,9 @@ def _aps_shifts(reduce, v, offs, shapes, world, procs, group) -> list[int]:
     """Per parameter, the APS shift from the largest magnitude over all workers (0 without APS)."""
     if not reduce.aps:
         return [0] * len(shapes)
-    amax = torch.stack([v[:, o:o + s.numel()].abs().max() if s.numel() else v.new_zeros(())
-                        for o, s in zip(offs, shapes)])
+    # worker by worker: a max over all rows at once would take a temporary of E parameters
+    amax = torch.stack([torch.stack([row[o:o + s.numel()].abs().max() for row in v]).max() if s.numel()
+                        else v.new_zeros(()) for o, s in zip(offs, shapes)])
     amax = torch.where(torch.isfinite(amax), amax, torch.inf)  # NaN/Inf anywhere: no shift
     if procs > 1:
         dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
@@ -162,84 +156,82 @@ def _pieces(reduce, offs, shapes, world) -> list[list[tuple[int, int, int]]]:
     return pieces
 
 
-def _add_workers(reduce, part, comp, own, pieces_k, shapes, workers, first: bool):
-    """Add the local workers ``workers`` (in order) to chunk k's partial ``part`` (and Kahan's
-    ``comp``), rounding every operation per parameter piece as ``RoundedReduce._sum``."""
+def _add_workers(reduce, own, out, comp, pieces_k, shapes, workers, first: bool) -> None:
+    """Add the local workers ``workers`` (in order) to chunk k's partial sum in ``out`` (and
+    Kahan's compensation in ``comp``), rounding every operation per parameter piece as
+    ``RoundedReduce._sum`` does; the first term of a chunk starts its sum."""
     for w in workers:
-        t = torch.cat([own[w, a:b] for _, a, b in pieces_k]) if pieces_k else own.new_empty(0)
-        if first:
-            part, comp, first = t.clone(), torch.zeros_like(t) if reduce.kahan else None, False
-            continue
-        pos, new_p, new_c = 0, [], []
         for i, a, b in pieces_k:
-            n, s = b - a, shapes[i]
-            sp, tp = part[pos:pos + n], t[pos:pos + n]
-            if reduce.kahan:
-                y = _q_chunk(reduce, tp - comp[pos:pos + n], s)
+            t, s = own[w, a:b], shapes[i]
+            if first:
+                out[a:b] = t
+                if comp is not None:
+                    comp[a:b] = 0
+            elif comp is not None:
+                sp = out[a:b].clone()
+                y = _q_chunk(reduce, t - comp[a:b], s)
                 tot = _q_chunk(reduce, sp + y, s)
-                new_c.append(_q_chunk(reduce, _q_chunk(reduce, tot - sp, s) - y, s))
-                new_p.append(tot)
+                comp[a:b] = _q_chunk(reduce, _q_chunk(reduce, tot - sp, s) - y, s)
+                out[a:b] = tot
             else:
-                new_p.append(_q_chunk(reduce, sp + tp, s))
-            pos += n
-        part = torch.cat(new_p)
-        comp = torch.cat(new_c) if reduce.kahan else None
-    return part, comp
+                out[a:b] = _q_chunk(reduce, out[a:b] + t, s)
+        first = False
 
 
-def _reduce_scatter(reduce, own, shapes, pieces, procs, local, rank, group):
-    """Run every chunk along its visits, one step per visit, the partial sums (and Kahan's
-    compensations) of the chunks going on sent to the right neighbour after each step.
-    Returns ({chunk: its rounded sum} for the chunks whose last visit is this rank, bytes sent)."""
+def _gather_pieces(bufs, ks, pieces) -> torch.Tensor:
+    parts = [buf[a:b] for buf in bufs for k in ks for _, a, b in pieces[k]]
+    return torch.cat(parts) if parts else bufs[0].new_empty(0)
+
+
+def _scatter_pieces(recv: torch.Tensor, bufs, ks, pieces) -> None:
+    pos = 0
+    for buf in bufs:
+        for k in ks:
+            for _, a, b in pieces[k]:
+                buf[a:b] = recv[pos:pos + b - a]
+                pos += b - a
+
+
+def _reduce_scatter(reduce, own, out, comp, shapes, pieces, procs, local, rank, group):
+    """Run every chunk along its visits, one step per visit; the partial sums (and Kahan's
+    compensations) of the chunks going on are sent to the right neighbour after each step.
+    Returns (the chunks whose last visit is this rank, bytes sent)."""
     world = procs * local
     visits = [_visits(k, procs, local) for k in range(world)]
-    state: dict[int, tuple] = {}  # chunk -> (partial, compensation) held on this rank
-    done, sent = {}, 0
+    bufs = [out] + ([comp] if comp is not None else [])
+    finished, sent = [], 0
     for t in range(max(len(v) for v in visits)):
         here = [k for k in range(world) if t < len(visits[k]) and visits[k][t][0] == rank]
         for k in here:
             _, a, b = visits[k][t]
-            part, comp = state.pop(k, (None, None))
-            state[k] = _add_workers(reduce, part, comp, own, pieces[k], shapes, range(a, b), t == 0)
+            _add_workers(reduce, own, out, comp, pieces[k], shapes, range(a, b), t == 0)
             if t + 1 == len(visits[k]):
-                done[k] = state.pop(k)[0]
+                finished.append(k)
         if procs == 1:  # the next visit is here too: nothing to send
             continue
         outgoing = [k for k in here if t + 1 < len(visits[k])]
         incoming = [k for k in range(world) if t + 1 < len(visits[k]) and visits[k][t + 1][0] == rank]
-        parts = [state[k][0] for k in outgoing] + ([state[k][1] for k in outgoing] if reduce.kahan else [])
-        send = torch.cat(parts) if parts else own.new_empty(0)
-        sizes = [sum(b - a for _, a, b in pieces[k]) for k in incoming]
-        recv = own.new_empty(sum(sizes) * (2 if reduce.kahan else 1))
+        send = _gather_pieces(bufs, outgoing, pieces)
+        recv = out.new_empty(len(bufs) * sum(b - a for k in incoming for _, a, b in pieces[k]))
         _exchange(send, recv, rank, procs, group)
         sent += send.numel() * send.element_size()
-        for k in outgoing:
-            state.pop(k)
-        pos, n_all = 0, sum(sizes)
-        for k, n in zip(incoming, sizes):
-            state[k] = (recv[pos:pos + n], recv[n_all + pos:n_all + pos + n] if reduce.kahan else None)
-            pos += n
-    return done, sent
+        _scatter_pieces(recv, bufs, incoming, pieces)
+    return finished, sent
 
 
 def _final_rank(k: int, procs: int, local: int) -> int:
     return _visits(k, procs, local)[-1][0]
 
 
-def _all_gather(done: dict, pieces, procs, local, rank, group) -> int:
+def _all_gather(out: torch.Tensor, pieces, procs, local, rank, group) -> int:
     """Pass every finished chunk round the ring (procs - 1 steps) so every rank has them all."""
     world, sent = procs * local, 0
     for j in range(procs - 1):
-        src_out, src_in = (rank - j) % procs, (rank - j - 1) % procs
-        out_k = [k for k in range(world) if _final_rank(k, procs, local) == src_out]
-        in_k = [k for k in range(world) if _final_rank(k, procs, local) == src_in]
-        send = torch.cat([done[k] for k in out_k]) if out_k else torch.zeros(0, device=next(iter(done.values())).device) if done else torch.zeros(0)
-        sizes = [sum(b - a for _, a, b in pieces[k]) for k in in_k]
-        recv = send.new_empty(sum(sizes))
+        out_k = [k for k in range(world) if _final_rank(k, procs, local) == (rank - j) % procs]
+        in_k = [k for k in range(world) if _final_rank(k, procs, local) == (rank - j - 1) % procs]
+        send = _gather_pieces([out], out_k, pieces)
+        recv = out.new_empty(sum(b - a for k in in_k for _, a, b in pieces[k]))
         _exchange(send, recv, rank, procs, group)
         sent += send.numel() * send.element_size()
-        pos = 0
-        for k, n in zip(in_k, sizes):
-            done[k] = recv[pos:pos + n]
-            pos += n
+        _scatter_pieces(recv, [out], in_k, pieces)
     return sent
