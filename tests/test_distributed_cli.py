@@ -80,3 +80,19 @@ def test_bad_distributed_input_is_a_usage_error(tiny_args, monkeypatch, capsys, 
         monkeypatch.setenv(k, v)
     assert main(tiny_args("--training-epochs", "1", *flags)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_four_processes_of_eight_emulated_workers_equal_one_process_of_thirty_two(tiny_args, tmp_path):
+    """The issue's check: 4 gloo processes x --emulate-node 8 (each holding its own 8 workers'
+    gradients; the partial sums go round the ring) train exactly as one process emulating 32."""
+    common = ["--training-epochs", "1", "--save", "True", "--grad-exp", "4", "--grad-man", "3", "--use-aps",
+              "--batch-size-train", "64", "--optim-lr", "0.05"]
+    launch(["cifar", json.dumps([tiny_args(*common, "--emulate-node", "8", "--run-name", "ddp",
+                                           train_images=128)])], world=4, timeout=480)
+    assert main(tiny_args(*common, "--emulate-node", "32", "--run-name", "emu", train_images=128)) == 0
+    a, b = (final_state(tmp_path / "runs" / k) for k in ("ddp", "emu"))
+    assert a["global_step"] == b["global_step"] == 2
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for k, s in a["optimizer"]["state"].items():
+        assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
