@@ -169,3 +169,16 @@ def test_shadow_flag_writes_shadow_csv_and_needs_diagnose(tiny_args, tmp_path, c
     assert rows and {r["step"] for r in rows} == {"2"} and 0 < float(rows[0]["act_cos"]) <= 1
     assert main(tiny_args("--shadow", "True")) == 2
     assert "--shadow compares" in capsys.readouterr().err
+
+
+def test_a_tensor_rounded_at_two_points_is_measured_once_and_reported_at_both():
+    torch.manual_seed(1)
+    lin = QLinear.from_float(torch.nn.Linear(16, 8), LayerPrecision(fw=E4M3, biw=E4M3, fi=E4M3, bwi=E4M3))
+    x = torch.randn(4, 16, requires_grad=True)  # so the input-gradient GEMM (biw) runs
+    diag = PointDiagnostics(lin)
+    diag.arm()
+    lin(x).sum().backward()
+    rows = {r["point"]: r for r in diag.disarm()}
+    assert rows["fw"]["sqnr_db"] == rows["biw"]["sqnr_db"] == point_stats(lin.weight, quantize(lin.weight, E4M3))["sqnr_db"]
+    assert rows["fi"]["sqnr_db"] == rows["bwi"]["sqnr_db"] == point_stats(x.detach(), quantize(x.detach(), E4M3))["sqnr_db"]
+    assert len(diag._seen) == 0  # the cache lives for one armed step

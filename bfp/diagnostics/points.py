@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 
 from ..conversion import short_format
-from ..formats import Float
+from ..formats import Float, Rounding
 from ..kernels import quantize_stats
 from ..layers import CONVERTIBLE
 from ..precision import POINTS
@@ -74,6 +74,16 @@ class _Sums:
         if self.fmax is not None:
             self.saturated += int((xf.abs() > self.fmax).sum())
 
+    def merge(self, other: "_Sums") -> None:
+        self.sig += other.sig
+        self.err += other.err
+        self.nonzero += other.nonzero
+        self.flushed += other.flushed
+        self.finite += other.finite
+        self.numel += other.numel
+        self.saturated += other.saturated
+        self.amax = max(self.amax, other.amax)
+
     def row(self) -> dict[str, Any]:
         sig, err = self.sig, self.err
         sqnr = math.nan if sig == 0 else (math.inf if err == 0 else 10 * math.log10(sig / err))
@@ -92,6 +102,16 @@ def point_stats(x: torch.Tensor, q: torch.Tensor, fmt=None) -> dict[str, Any]:
     return s.row()
 
 
+_SHARED = ("fw", "biw", "fi", "bwi")  # points that may round a tensor another point rounds too
+
+
+def _stochastic(fmt) -> bool:
+    """True when rounding ``fmt`` draws random numbers (two roundings of one tensor differ)."""
+    inner = getattr(fmt, "fmt", fmt)  # Scaled rounds as its Float
+    return getattr(inner, "rounding", None) is Rounding.STOCHASTIC or \
+        getattr(getattr(inner, "element", None), "rounding", None) is Rounding.STOCHASTIC
+
+
 class PointDiagnostics:
     """Arms and disarms the measuring hooks on every quantized layer of ``model``."""
 
@@ -99,6 +119,7 @@ class PointDiagnostics:
         self.model = model
         self.layers: dict[str, torch.nn.Module] = {}
         self._sums: dict[tuple[str, str], _Sums] = {}
+        self._seen: dict[tuple, tuple] = {}  # one armed step's roundings, by tensor and format
         self._saved: Optional[dict[str, Any]] = None
 
     @property
@@ -110,22 +131,37 @@ class PointDiagnostics:
             return
         # looked up at every arm: a precision schedule may have converted more layers since
         self.layers = {n: m for n, m in self.model.named_modules() if isinstance(m, _Q_TYPES)}
-        self._sums = {}
+        self._sums, self._seen = {}, {}
         self._saved = {n: m.quantize_hook for n, m in self.layers.items()}
         for name, m in self.layers.items():
             m.quantize_hook = self._hook(name, self._saved[name])
 
     def _hook(self, name: str, previous):
         def hook(layer, point, tensor, fmt):
-            if previous is not None:
-                out, counts = previous(layer, point, tensor, fmt), None
+            # fw/biw (and fi/bwi) often round the very same tensor the same way: measure it once. The
+            # entry keeps the tensor alive, so its memory cannot be reused under the same key.
+            cacheable = point in _SHARED and previous is None and not _stochastic(fmt)
+            same = (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.stride(), tensor.dtype, fmt)
+            cached = self._seen.get(same) if cacheable else None
+            if cached is not None:
+                _, out, part = cached
             else:
-                out, counts = quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None), stats=True)
-            if layer.training:
+                if previous is not None:
+                    out, counts = previous(layer, point, tensor, fmt), None
+                else:
+                    out, counts = quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None),
+                                                 stats=True)
+                part = None
+                if layer.training:
+                    part = _Sums(fmt)
+                    part.add(tensor, out, counts)
+                    if cacheable:
+                        self._seen[same] = (tensor, out, part)
+            if layer.training and part is not None:
                 key = (name, point)
                 if key not in self._sums:
                     self._sums[key] = _Sums(fmt)
-                self._sums[key].add(tensor, out, counts)
+                self._sums[key].merge(part)
             return out
         return hook
 
@@ -135,7 +171,7 @@ class PointDiagnostics:
             return []
         for name, m in self.layers.items():
             m.quantize_hook = self._saved[name]
-        self._saved = None
+        self._saved, self._seen = None, {}
         order = {n: i for i, n in enumerate(self.layers)}
         keys = sorted(self._sums, key=lambda k: (order[k[0]], POINTS.index(k[1])))
         return [{"layer": k[0], "point": k[1], "format": describe(self._sums[k].fmt), **self._sums[k].row()}
