@@ -70,8 +70,7 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
     forward and its backward applies from the next step.
     """
     hook = layer.quantize_hook
-    delayed = any(isinstance(f, Scaled) and f.delayed for f in layer.precision.formats().values())
-    if hook is None and not delayed:
+    if hook is None and not getattr(layer, "has_delayed", False):  # set with the layer's precision
         return None
 
     def q(point: str, t: Tensor, fmt: Format) -> Tensor:

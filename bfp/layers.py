@@ -65,6 +65,7 @@ class _QuantizedMixin:
         dev = next((p.device for p in self.parameters(recurse=False) if not p.is_meta), torch.device("cpu"))
         want = {f"amax_history_{p}": f.history for p, f in self.precision.formats().items()
                 if isinstance(f, Scaled) and f.delayed}
+        self.has_delayed = bool(want)  # read by functional.layer_quantizer at every forward
         for name in [n for n in self._buffers if n.startswith("amax_history_") and n not in want]:
             del self._buffers[name]
         for name, n in want.items():

@@ -13,8 +13,18 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def amax(x32: torch.Tensor) -> torch.Tensor:
-    """The largest finite magnitude of ``x32`` (0-dim; 0 for an empty tensor)."""
+    """The largest finite magnitude of float32 ``x32`` (0-dim; 0 for an empty tensor): one Numba
+    pass on a contiguous CPU tensor (``scaled_cpu``), PyTorch steps elsewhere; the same value."""
+    if x32.device.type == "cpu" and x32.is_contiguous() and x32.numel():
+        from . import scaled_cpu  # Numba loads on first use
+        return scaled_cpu.amax(x32)
+    return _amax_torch(x32)
+
+
+def _amax_torch(x32: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
     a = torch.where(torch.isfinite(x32), x32.abs(), 0.0)
+    if dim is not None:
+        return a.amax(dim=dim, keepdim=True)
     return a.amax() if a.numel() else torch.zeros((), device=x32.device)
 
 
@@ -34,8 +44,8 @@ def tensorwise(x32: torch.Tensor, fmt: Scaled, rounding: Callable, given_amax: O
     stochastic-rounding keys) are given; otherwise ``rounding(y, fmt.fmt)`` rounds step 3."""
     if keys is not None and x32.device.type == "cpu" and x32.is_contiguous():
         from . import scaled_cpu  # Numba loads on first use
-        amax = given_amax.to(torch.float32) if given_amax is not None else scaled_cpu.amax(x32)
-        return scaled_cpu.apply(x32, scale_of(amax, fmt), fmt.fmt, keys)
+        a = given_amax.to(torch.float32) if given_amax is not None else amax(x32)
+        return scaled_cpu.apply(x32, scale_of(a, fmt), fmt.fmt, keys)
     y, scale = prepare(x32, fmt, given_amax)
     return finish(rounding(y, fmt.fmt), scale)
 
@@ -44,17 +54,16 @@ def prepare(x32: torch.Tensor, fmt: Scaled, given_amax: Optional[torch.Tensor] =
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(clamp(x * scale, -max, max), scale)`` of float32 ``x32`` (steps 1-3 of ``bfp.scaled``);
     ``given_amax``: delayed scaling's amax (the history's largest) instead of ``x32``'s."""
-    a = torch.where(torch.isfinite(x32), x32.abs(), 0.0)
     if given_amax is not None:
-        amax = given_amax.to(device=x32.device, dtype=torch.float32)
+        top = given_amax.to(device=x32.device, dtype=torch.float32)
     elif fmt.granularity == "tensor" or x32.dim() == 0:
-        amax = a.amax() if a.numel() else torch.zeros((), device=x32.device)
+        top = _amax_torch(x32)  # the PyTorch steps throughout: the fused kernels' reference
     else:
         axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
         if not 0 <= axis < x32.dim():
             raise ValueError(f"Scaled axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
-        amax = a.amax(dim=axis, keepdim=True)
-    scale = scale_of(amax, fmt)
+        top = _amax_torch(x32, axis)
+    scale = scale_of(top, fmt)
     return (x32 * scale).clamp(-fmt.fmt.max, fmt.fmt.max), scale
 
 
