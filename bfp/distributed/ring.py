@@ -26,6 +26,7 @@ tensor scale, ``Scaled``) cannot be split into chunks and keep the gather
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -80,11 +81,12 @@ def ring_allreduce(reduce: RoundedReduce, buf: torch.Tensor, shapes: list[torch.
                    group: Optional[Any] = None) -> int:
     """Reduce the flat bucket ``buf`` (this rank's gradients of parameters of ``shapes``, one
     after another) over the ring of processes, in place; returns the bytes this rank sent."""
-    out, sent = ring_reduce_workers(reduce, buf.float().reshape(1, -1).clone(), shapes, group)
+    out, sent = ring_reduce_workers(reduce, buf.reshape(1, -1), shapes, group)  # rounds buf in place
     buf.copy_(out)
     return sent
 
 
+@functools.lru_cache(maxsize=4096)
 def _visits(k: int, procs: int, local: int) -> list[tuple[int, int, int]]:
     """Where chunk ``k`` (starting at worker k of W = procs x local) is added, in order, as
     (process, first local worker, end): the rest of its own process, every other process
@@ -122,7 +124,7 @@ def ring_reduce_workers(reduce: RoundedReduce, rows: torch.Tensor, shapes: list[
                 t = _shift_up(own[w, o:o + s.numel()], shifts[i])
                 own[w, o:o + s.numel()] = t if reduce.fmt is None else \
                     reduce._q(t.reshape(tuple(s) or (1,))).reshape(-1)
-        pieces = _pieces(reduce, offs, shapes, world)  # chunk k -> [(param, a, b)] flat ranges
+        pieces = _pieces(reduce.fmt, tuple(tuple(x) for x in shapes), world)  # chunk k -> [(param, a, b)]
         out = own.new_empty(own.shape[1])  # the partial sums live here, then the result
         comp = torch.zeros_like(out) if reduce.kahan else None
         finished, sent = _reduce_scatter(reduce, own, out, comp, shapes, pieces, procs, local, rank, group)
@@ -147,12 +149,17 @@ def _aps_shifts(reduce, v, offs, shapes, world, procs, group) -> list[int]:
     return [aps_shift(torch.full((world, 1), a), reduce.fmt) for a in amax.tolist()]
 
 
-def _pieces(reduce, offs, shapes, world) -> list[list[tuple[int, int, int]]]:
+@functools.lru_cache(maxsize=64)
+def _pieces(fmt, shapes: tuple, world: int) -> list[list[tuple[int, int, int]]]:
+    """Chunk k's flat ranges (param, start, end) in a bucket of ``shapes``: the same every step,
+    so computed once per bucket layout (read only)."""
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
-    for i, (o, s) in enumerate(zip(offs, shapes)):
-        for k, (a, b) in enumerate(_chunks(s, world, reduce.fmt)):
+    o = 0
+    for i, s in enumerate(shapes):
+        for k, (a, b) in enumerate(_chunks(torch.Size(s), world, fmt)):
             if b > a:
                 pieces[k].append((i, o + a, o + b))
+        o += torch.Size(s).numel()
     return pieces
 
 
