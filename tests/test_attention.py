@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bfp import Float, LayerPrecision, quantize
+from bfp import Float, quantize
 from bfp.attention import Attention, MultiheadAttention
 from bfp.cli import cifar as main
 from bfp.conversion import convert
@@ -93,11 +93,10 @@ def test_quantized_points_reach_the_attention_operands():
     equals the same float32 steps written out with quantize at those four places."""
     torch.manual_seed(2)
     att = Attention(16, 2)
-    p = LayerPrecision(fi=E4M3, fw=E4M3)
     model = convert(att, {"version": 1, "rules": [{"match": "qk", "precision": {"fi": "fp8_e4m3", "fw": "fp8_e4m3"}},
                                                   {"match": "pv", "precision": {"fi": "fp8_e4m3", "fw": "fp8_e4m3"}}]})
-    assert model.qk.precision.fi == model.pv.precision.fw and p.fi.exp == 4
     fmt = model.qk.precision.fi
+    assert (fmt.exp, fmt.man) == (4, 3) and model.qk.precision.fw == model.pv.precision.fi == model.pv.precision.fw == fmt
     x = torch.randn(2, 6, 16)
     n, t, d = x.shape
     q, k, v = (z.reshape(n, t, 2, 8).transpose(1, 2) for z in att.qkv(x).chunk(3, -1))

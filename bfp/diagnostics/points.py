@@ -174,13 +174,8 @@ class PointDiagnostics:
         self._saved, self._seen = None, {}
         order = {n: i for i, n in enumerate(self.layers)}
         keys = sorted(self._sums, key=lambda k: (order[k[0]], POINTS.index(k[1])))
-        return [{"layer": k[0], "point": k[1], "format": describe(self._sums[k].fmt), **self._sums[k].row()}
+        return [{"layer": k[0], "point": k[1], "format": short_format(self._sums[k].fmt), **self._sums[k].row()}
                 for k in keys]
-
-
-def describe(fmt) -> str:
-    """A format in short words (the conversion report's spelling)."""
-    return short_format(fmt)
 
 
 def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dict[str, Any]]:
@@ -218,14 +213,15 @@ def table(rows: list[dict[str, Any]], limit: Optional[int] = None) -> str:
 CSV_FIELDS = ("step", "epoch", "layer", "point", "format", *MEASURES, "numel")
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]], step: int, epoch: int) -> None:
-    """Append ``rows`` (with their step and epoch) to ``path``, header first when it is new."""
+def write_csv(path: Path, rows: list[dict[str, Any]], step: int, epoch: int, fields=CSV_FIELDS) -> None:
+    """Append ``rows`` (with their step and epoch) to ``path`` as ``fields`` (``step, epoch`` first),
+    header first when the file is new."""
     new = not Path(path).exists()
     with open(path, "a", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w = csv.DictWriter(f, fieldnames=fields)
         if new:
             w.writeheader()
         for r in rows:
-            w.writerow({"step": step, "epoch": epoch, **{k: r.get(k) for k in CSV_FIELDS[2:]}})
+            w.writerow({"step": step, "epoch": epoch, **{k: r.get(k) for k in fields[2:]}})
 
 

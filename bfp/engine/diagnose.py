@@ -1,9 +1,7 @@
 """``--diagnose N`` (and ``--shadow``): measure one training step in every N with ``bfp.diagnostics``."""
 from __future__ import annotations
 
-import csv
-
-from ..diagnostics import MEASURES, SHADOW_MEASURES, PointDiagnostics, Shadow, write_csv
+from ..diagnostics import CSV_FIELDS, MEASURES, SHADOW_MEASURES, PointDiagnostics, Shadow, write_csv
 from .callbacks import Callback
 
 
@@ -54,17 +52,8 @@ class DiagnoseCallback(Callback):
     @staticmethod
     def _write(trainer, file: str, rows, step: int, measures, tag) -> None:
         if trainer.run_dir is not None and rows:
-            if file == "diagnostics.csv":
-                write_csv(trainer.run_dir / file, rows, step, trainer.epoch)
-            else:
-                path = trainer.run_dir / file
-                new = not path.exists()
-                with open(path, "a", newline="", encoding="utf-8") as f:
-                    w = csv.DictWriter(f, fieldnames=("step", "epoch", "layer", *measures))
-                    if new:
-                        w.writeheader()
-                    for r in rows:
-                        w.writerow({"step": step, "epoch": trainer.epoch, **r})
+            fields = CSV_FIELDS if file == "diagnostics.csv" else ("step", "epoch", "layer", *measures)
+            write_csv(trainer.run_dir / file, rows, step, trainer.epoch, fields)
         if trainer.writer is not None:
             for r in rows:
                 for m in measures:
