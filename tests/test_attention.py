@@ -4,14 +4,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bfp import Float, quantize
+from bfp import quantize
 from bfp.attention import Attention, MultiheadAttention
 from bfp.cli import cifar as main
 from bfp.conversion import convert
 from bfp.layers import QLinear, QMatmul
 from bfp.models import create
-
-E4M3 = Float(4, 3)
 
 
 def _close(a, b, tol=1e-5):

@@ -115,8 +115,9 @@ def _stochastic(fmt) -> bool:
 class PointDiagnostics:
     """Arms and disarms the measuring hooks on every quantized layer of ``model``."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, keep: bool = False):
+        self.model, self.keep = model, keep
+        self.kept: dict[str, list[torch.Tensor]] = {}  # keep: copies of the unrounded tensors, by point
         self.layers: dict[str, torch.nn.Module] = {}
         self._sums: dict[tuple[str, str], _Sums] = {}
         self._seen: dict[tuple, tuple] = {}  # one armed step's roundings, by tensor and format
@@ -131,13 +132,15 @@ class PointDiagnostics:
             return
         # looked up at every arm: a precision schedule may have converted more layers since
         self.layers = {n: m for n, m in self.model.named_modules() if isinstance(m, _Q_TYPES)}
-        self._sums, self._seen = {}, {}
+        self._sums, self._seen, self.kept = {}, {}, {}
         self._saved = {n: m.quantize_hook for n, m in self.layers.items()}
         for name, m in self.layers.items():
             m.quantize_hook = self._hook(name, self._saved[name])
 
     def _hook(self, name: str, previous):
         def hook(layer, point, tensor, fmt):
+            if self.keep and layer.training:
+                self.kept.setdefault(point, []).append(tensor.detach().float().clone())
             # fw/biw (and fi/bwi) often round the very same tensor the same way: measure it once. The
             # entry keeps the tensor alive, so its memory cannot be reused under the same key.
             cacheable = point in _SHARED and previous is None and not _stochastic(fmt)
@@ -178,10 +181,11 @@ class PointDiagnostics:
                 for k in keys]
 
 
-def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[dict[str, Any]]:
-    """One forward and backward pass of ``model`` on a batch, measured (no optimizer step;
-    the gradients it leaves are zeroed)."""
-    diag = PointDiagnostics(model)
+def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 diag: Optional[PointDiagnostics] = None) -> list[dict[str, Any]]:
+    """One forward and backward pass of ``model`` on a batch, measured by ``diag`` (a fresh
+    ``PointDiagnostics`` by default; no optimizer step; the gradients it leaves are zeroed)."""
+    diag = diag or PointDiagnostics(model)
     model.train()
     diag.arm()
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..formats import MX, BlockFloat, Encoding, Float
-from ..kernels import quantize, quantize_stats
+from ..kernels import quantize
 from ..precision import POINTS
-from .points import _Q_TYPES, _Sums
+from .points import PointDiagnostics, _Sums, measure_step
 
 SWEEP_FAMILIES = ("bfp", "float", "mx")
 
@@ -38,28 +38,9 @@ def sweep_format(family: str, bits: int, ndim: int):
 def capture_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     """The unrounded tensors at every active point of one forward and backward pass, by point
     (copies; the pass itself rounds as the model's config says; gradients are zeroed after)."""
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, _Q_TYPES)}
-    saved = {n: m.quantize_hook for n, m in layers.items()}
-    got: dict[str, list[torch.Tensor]] = {}
-
-    def make(previous):
-        def hook(layer, point, tensor, fmt):
-            got.setdefault(point, []).append(tensor.detach().float().clone())
-            if previous is not None:
-                return previous(layer, point, tensor, fmt)
-            return quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None), stats=False)[0]
-        return hook
-
-    model.train()
-    for n, m in layers.items():
-        m.quantize_hook = make(saved[n])
-    try:
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-    finally:
-        for n, m in layers.items():
-            m.quantize_hook = saved[n]
-        model.zero_grad(set_to_none=True)
-    return got
+    diag = PointDiagnostics(model, keep=True)
+    measure_step(model, x, y, diag)
+    return diag.kept
 
 
 def sweep(tensors: dict[str, list[torch.Tensor]], families=SWEEP_FAMILIES, bits=range(2, 17)) -> list[dict]:
