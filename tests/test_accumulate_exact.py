@@ -228,7 +228,9 @@ def test_stochastic_exact_accumulator_is_reproducible():
     acc = Accumulator(Float(5, 10, rounding="stochastic"), chunk=1, mul=E4M3, exact=True)
     one = accumulate_matmul(a, b, acc, generator=torch.Generator().manual_seed(7))
     two = accumulate_matmul(a, b, acc, generator=torch.Generator().manual_seed(7))
+    other = accumulate_matmul(a, b, acc, generator=torch.Generator().manual_seed(8))
     assert torch.equal(one, two)
+    assert not torch.equal(one, other)  # the rounding does draw from the generator
 
 
 def test_configs_name_the_multiply_format():
