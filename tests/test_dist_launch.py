@@ -50,10 +50,11 @@ def test_the_examples_flags_parse_into_the_translation():
     assert dist_env(**node_args(args), local_rank=1, nprocs=2)["RANK"] == "3"
 
 
-def test_spawn_starts_one_worker_per_process_with_its_environment(capfd):
-    code = "import os; print('rank', os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])"
-    assert spawn([sys.executable, "-c", code], 2, dict(world_size=1, rank=0, dist_url="env://",
-                                                       dist_backend=None)) == 0
-    out = capfd.readouterr().out
-    assert sorted(out.split("\n"))[-2:] == ["rank 0 0 2", "rank 1 1 2"]
+def test_spawn_starts_one_worker_per_process_with_its_environment(tmp_path):
+    # each worker writes its own file: two processes printing to one stdout may interleave their bytes
+    code = ("import os, sys; e = os.environ; open(os.path.join(sys.argv[1], e['LOCAL_RANK']), 'w')"
+            ".write(' '.join(('rank', e['RANK'], e['LOCAL_RANK'], e['WORLD_SIZE'])))")
+    assert spawn([sys.executable, "-c", code, str(tmp_path)], 2, dict(world_size=1, rank=0, dist_url="env://",
+                                                                      dist_backend=None)) == 0
+    assert [(tmp_path / r).read_text() for r in ("0", "1")] == ["rank 0 0 2", "rank 1 1 2"]
     assert spawn([sys.executable, "-c", "import sys; sys.exit(3)"], 2, dict(world_size=1, rank=0)) == 3
