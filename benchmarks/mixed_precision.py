@@ -57,7 +57,7 @@ import torch.nn as nn
 import bfp
 import bfp.models
 from bfp.amp import MixedPrecision
-from bfp.engine import data as D
+from bfp.data import cifar as D
 from bfp.engine.step import PlainStep
 from bfp.engine.trainer import topk_correct
 

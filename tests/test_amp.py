@@ -11,7 +11,7 @@ import bfp.models
 from bfp.amp import SCALER_PARAMS, LossScaler, MixedPrecision, parse_loss_scale
 from bfp.cli.flags import build_parser
 from bfp.cli.tasks import TASKS
-from bfp.engine import data as D
+from bfp.data import cifar as D
 from bfp.engine.step import PlainStep
 from bfp.formats import MX, BlockFloat, format_from_name
 from bfp.kernels import quantize

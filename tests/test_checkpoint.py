@@ -157,7 +157,7 @@ def test_dataloader_path_resumes_exactly(tmp_path):
 
     import bfp.models
     from bfp.engine import TrainConfig, Trainer
-    from bfp.engine import data as D
+    from bfp.data import cifar as D
     from bfp.cli.run import cpu_threads
     g = torch.Generator().manual_seed(0)
     for split, n in (("train", 12), ("test", 4)):

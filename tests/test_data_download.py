@@ -2,7 +2,7 @@
 import pytest
 import torchvision
 
-from bfp.engine import data
+from bfp.data import cifar as data
 
 
 def failing_download(written):

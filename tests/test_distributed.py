@@ -12,7 +12,7 @@ import torch
 
 from bfp.distributed import env as dist_env
 from bfp.distributed.reduce import RoundedReduce, aps_shift, check_grad_format, ring_owner
-from bfp.engine import data as data_mod
+from bfp.data import cifar as data_mod
 from bfp.formats import MX, Float, format_from_name
 from bfp.kernels import quantize as bfp_quantize
 from bfp.optim.lars import LARS

@@ -8,7 +8,7 @@ import torch.nn as nn
 import bfp
 import bfp.models
 from bfp.engine import Callback, EpochPlan, TrainConfig, Trainer
-from bfp.engine import data as D
+from bfp.data import cifar as D
 from bfp.cli.run import cpu_threads
 from bfp.engine.schedule import CosineSchedule
 

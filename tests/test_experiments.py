@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from bfp.engine import decoded
+from bfp.data import decoded
 from bfp.experiments import matrix, report, results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +190,7 @@ def test_verdicts_follow_the_numbers_with_a_one_point_tolerance():
 
 def test_decoded_images_are_cached_once_and_equal_a_fresh_decode(cifar_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BFP_CACHE_DIR", str(tmp_path / "c"))
-    from bfp.engine import data
+    from bfp.data import cifar as data
     tr, _ = data._image_folder(str(cifar_dir))
     samples = [s for s in tr.samples[::7]]
     x1, y1 = decoded.decode(samples, cifar_dir)

@@ -208,7 +208,7 @@ def test_the_examples_spellings_set_the_shared_flags():
 
 
 def test_imagenet_batches_are_the_same_for_any_worker_count_and_carry_a_fingerprint(tmp_path):
-    from bfp.engine.imagenet_data import load_imagenet
+    from bfp.data.imagenet import load_imagenet
     make_tree(tmp_path / "t", bad=False)
     bundles = [load_imagenet(str(tmp_path / "t"), 16, batch_size_train=4, num_workers=w, seed=3) for w in (0, 2)]
     epochs = [[[(x.clone(), y.clone()) for x, y in b.train] for _ in range(2)] for b in bundles]

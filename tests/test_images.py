@@ -1,10 +1,10 @@
-"""bfp.engine.images: every mode loads as RGB; unreadable files are named, skipped once, or refused."""
+"""bfp.data.images: every mode loads as RGB; unreadable files are named, skipped once, or refused."""
 import pytest
 import torch
 from PIL import Image
 
 from bfp.cli import cifar as cifar_main
-from bfp.engine import data, images
+from bfp.data import cifar as data, images
 from image_tree import make_tree
 
 

@@ -11,7 +11,7 @@ import torch
 
 from bfp.cli import run_task
 from bfp.engine import checkpoint as ckpt
-from bfp.engine.text import CORPUS_FILES, load_text
+from bfp.data.text import CORPUS_FILES, load_text
 from bfp.models.gpt import GPT
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import bfp.models
 from bfp.amp import MixedPrecision
 from bfp.cli import cifar as main
 from bfp.engine import checkpoint as ckpt
-from bfp.engine import data as D
+from bfp.data import cifar as D
 from bfp.engine.grad_histogram import HI, LO, exponent_counts
 from bfp.engine.trainer import Trainer, TrainConfig
 

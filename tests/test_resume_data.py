@@ -5,8 +5,8 @@ import torch
 from PIL import Image
 
 from bfp.cli import cifar as main
-from bfp.engine import data as D
-from bfp.engine.augment import KeyedAugment, sample_seed
+from bfp.data import cifar as D
+from bfp.data.augment import KeyedAugment, sample_seed
 
 
 def _folder(root, classes=("a", "b"), n_train=6, n_test=2, seed=0):

@@ -1,4 +1,4 @@
-"""``cifar.py``'s parts on the shared engine: ``bfp.models`` at 32x32, ``bfp.engine.data``."""
+"""``cifar.py``'s parts on the shared engine: ``bfp.models`` at 32x32, ``bfp.data.cifar``."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from .. import models
-from ..engine import data as data_mod
+from ..data import cifar as data_mod
 from .task_base import TaskHooks
 
 

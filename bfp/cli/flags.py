@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from ..amp import COMPUTE_DTYPES
-from ..engine import data as data_mod
+from ..data import cifar as data_mod
 from .amp_flags import add_amp_flags
 from .helpformat import HelpFormatter
 from .resume_flags import add_resume_flags
@@ -100,7 +100,7 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--limit-test-images", type=int, default=0, metavar="N",
                    help="evaluate on N test images spread evenly over the set (0: all)")
     g.add_argument("--strict-images", **b, default=False, help="image folders: decode every file first and refuse "
-                   "unreadable ones (default: skip and report them; bfp.engine.images)")
+                   "unreadable ones (default: skip and report them; bfp.data.images)")
     g.add_argument("--bfp", dest="network_config", default=None, metavar="CONFIG",
                    help="network config: a preset name from conf_net/ (e.g. ResNet18_FB16), a JSON path; "
                         "omitted: FP32")

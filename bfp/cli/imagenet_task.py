@@ -2,7 +2,7 @@
 
 ``bfp.cli.tasks.IMAGENET``'s hooks (``bfp.cli.task_base.TaskHooks``) give the run
 assembly (``bfp.cli.run``) imagenet.py's parts where ``cifar.py`` has its own: torchvision architectures instead of ``bfp.models``, the ImageNet
-image-folder data of ``bfp.engine.imagenet_data`` at ``--image-size``, the
+image-folder data of ``bfp.data.imagenet`` at ``--image-size``, the
 example's distributed flags turned into the environment
 (``bfp.cli.dist_launch``). Everything else (checkpoints, resume, logs,
 TensorBoard, Slack, precision schedules, dynamic precision) is cifar.py's.
@@ -21,7 +21,7 @@ import torch.nn as nn
 from ..dynamic import parse_spec
 from ..engine import checkpoint as ckpt
 from ..engine.callbacks import Callback
-from ..engine.imagenet_data import load_imagenet
+from ..data.imagenet import load_imagenet
 from ..models import torchvision_models as tv
 from . import dist_launch, imagenet_flags
 from .task_base import TaskHooks

@@ -1,4 +1,4 @@
-"""``lm.py``'s parts on the shared engine: a character-level GPT on text (``bfp.engine.text``).
+"""``lm.py``'s parts on the shared engine: a character-level GPT on text (``bfp.data.text``).
 
 The engine's classification loss and accuracy apply to next-character prediction (the
 GPT's logits and the targets are flattened alike): ``train_loss``/``test_loss`` are
@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from ..engine.callbacks import Callback
-from ..engine.text import load_text
+from ..data.text import load_text
 from ..models.gpt import GPT
 from .task_base import TaskHooks
 

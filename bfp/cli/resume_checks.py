@@ -1,7 +1,7 @@
 """What ``--resume`` refuses before it trains, each as a usage error naming the file and value.
 
 Why: a resume that loads but computes something else is worse than one that
-fails. Refused are: a dataset whose fingerprint (``bfp.engine.fingerprint``)
+fails. Refused are: a dataset whose fingerprint (``bfp.data.fingerprint``)
 differs from the checkpoint's, unless ``--resume-allow-data-change``; another
 class count, always (the classifier's weights cannot fit); weights, keys or
 saved flags that do not fit the model the flags build.
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..engine import checkpoint_set
-from ..engine.fingerprint import differences
+from ..data.fingerprint import differences
 from .flags import UsageError
 
 

@@ -18,11 +18,11 @@ import torch
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
-from ..engine import images
+from ..data.cifar import DataError
 from ..engine.diagnose import DiagnoseCallback
-from ..engine.data import DataError
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
+from ..engine.skipped_images import report_callbacks
 from ..engine.slack import SlackNotifier, SlackTokenError, read_token
 from ..engine.trainer import Trainer, TrainConfig, convert_model
 from ..optim import check_hyperparam
@@ -210,7 +210,7 @@ def _train(task: Task, args: argparse.Namespace, plan: EpochPlan, *, suffix: str
     try:
         trainer = Trainer(model, data, config, device=device, log=log,
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
-                          callbacks=make_callbacks(args, model, token, run_dir, log) + images.report_callbacks(data)
+                          callbacks=make_callbacks(args, model, token, run_dir, log) + report_callbacks(data)
                           + task.hooks.callbacks(args), plan=plan,
                           network_config=initial, name=args.model, optimizer_factory=dist.optimizer_factory,
                           amp=make_amp(args, config.compute_dtype, device.type), step=dist.step,

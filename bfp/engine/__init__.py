@@ -1,8 +1,5 @@
 """Training engine shared by the scripts (cifar.py, later imagenet.py); it knows no flags.
 
-    data        datasets and loaders (digits, CIFAR, image folders; on-device augmentation)
-    augment     DataLoader augmentation independent of the worker count
-    fingerprint a dataset's classes, counts and sizes, checked on resume
     schedule    cosine learning rate, epoch-keyed precision/optimizer plans (conf_train)
     callbacks   the Callback API (dynamic precision and Slack plug in here)
     checkpoint  atomic save, CRC-verified weights-only load, RNG state
@@ -14,6 +11,9 @@
     step        one training step (the strategy a Trainer is given)
     trainer     the Trainer
     plots       loss/accuracy curves of runs (draw_curve.py)
+    skipped_images  the count of unreadable images the loaders skipped, each epoch
+
+Datasets and loaders are ``bfp.data``, one floor down.
 
 The command line that assembles a run from flags is ``bfp.cli``, one floor up.
 """

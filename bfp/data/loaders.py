@@ -1,10 +1,10 @@
 """DataLoaders over decoded datasets: one process's batches, or its slice of distributed ones.
 
 Why a module of its own: ``cifar.py``'s CIFAR and image-folder data and
-``imagenet.py``'s folders share these loaders (``bfp.engine.data`` and
-``bfp.engine.imagenet_data``), so a run's batches are made one way: the
+``imagenet.py``'s folders share these loaders (``bfp.data.cifar`` and
+``bfp.data.imagenet``), so a run's batches are made one way: the
 shuffle order and one augmentation key per epoch are drawn in the main
-process (``bfp.engine.augment``) and each rank keeps its contiguous slice of
+process (``bfp.data.augment``) and each rank keeps its contiguous slice of
 the global batch (``ShardedBatchSampler``).
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from .augment import KeyedSampler
 def loaders(train_ds, test_ds, batch_size_train: int, batch_size_test: int, g: torch.Generator, seed: int,
             shard: tuple[int, int, int], *, skipping: bool, **common):
     """Train and test ``DataLoader``s; ``train_ds`` takes ``(index, epoch key)`` items
-    (``bfp.engine.augment``). ``shard`` = (rank, world, workers): with more than one
+    (``bfp.data.augment``). ``shard`` = (rank, world, workers): with more than one
     worker every batch is the global one, cut into this rank's slice
     (``ShardedBatchSampler``). ``skipping``: unreadable image files are dropped from
-    their batches and reported (``bfp.engine.images``)."""
+    their batches and reported (``bfp.data.images``)."""
     rank, world, workers = shard
     if skipping:
         common["collate_fn"] = images.collate
@@ -45,7 +45,7 @@ class ShardedBatchSampler(torch.utils.data.Sampler):
     """Rank ``rank``'s contiguous ``1/world`` slice of every global batch of ``batch_size``.
 
     ``shuffle``: a permutation and an augmentation key (training items are
-    ``(index, key)``, ``bfp.engine.augment``) drawn from ``seed + epoch``
+    ``(index, key)``, ``bfp.data.augment``) drawn from ``seed + epoch``
     (``set_epoch``), the same on every rank; training drops an incomplete last global batch, evaluation keeps it
     (split as evenly as it goes; a rank with nothing of it skips that batch).
     """

@@ -12,7 +12,7 @@
   unpacked tarball), images resized to 32x32 if they are not. ``CIFAR10`` with
   a ``path`` that is such a folder and has no torchvision files (the JPEG
   CIFAR-10) loads the folder with CIFAR-10's normalisation. Files are decoded
-  by ``bfp.engine.images``: any mode as RGB, GIFs included; unreadable ones are
+  by ``bfp.data.images``: any mode as RGB, GIFs included; unreadable ones are
   skipped and reported once (``strict_images``: refused before training).
 
 Two loader kinds, both iterating ``(images, labels)`` batches, with
@@ -23,12 +23,12 @@ Two loader kinds, both iterating ``(images, labels)`` batches, with
   and crops/flips whole batches there (``--gpu-data``; always used for digits).
   Small models then run at the speed of the GPU, not of the data loader.
 * a torch ``DataLoader`` decoding with torchvision and augmenting with
-  ``bfp.engine.augment`` (the default for CIFAR and image folders).
+  ``bfp.data.augment`` (the default for CIFAR and image folders).
 
 Test data is never augmented. The DataLoader path draws its shuffle order and
-per-sample augmentation keys in the main process (``bfp.engine.augment``), so
+per-sample augmentation keys in the main process (``bfp.data.augment``), so
 the batches are the same for any ``num_workers``. ``DataBundle.fingerprint``
-(``bfp.engine.fingerprint``) is what a resume checks the dataset against.
+(``bfp.data.fingerprint``) is what a resume checks the dataset against.
 
 Distributed runs (``rank``/``world`` of ``load``): every rank draws the same
 global batch of ``batch_size_train`` images (the same shuffle and the same
@@ -84,7 +84,7 @@ class DataBundle:
     in_channels: int
     classes: list[str]
     generator: torch.Generator  # drives shuffling and augmentation of ``train``
-    fingerprint: Optional[dict] = None  # classes, image counts, sizes (bfp.engine.fingerprint)
+    fingerprint: Optional[dict] = None  # classes, image counts, sizes (bfp.data.fingerprint)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle a distributed sampler for ``epoch`` (TensorLoaders draw from ``generator``)."""
@@ -196,7 +196,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     ``seed`` seeds the generator that shuffles and augments the training set.
     ``limit_train`` / ``limit_test``: keep N images spread evenly over the set (smoke tests; 0 = all).
     ``strict_images``: decode every image-folder file first and refuse unreadable ones
-    (``bfp.engine.images``); otherwise they are skipped and reported.
+    (``bfp.data.images``); otherwise they are skipped and reported.
     ``rank`` / ``world``: this process's slice of every batch (module docstring);
     ``batch_size_train`` is the global batch and must be a multiple of ``world``.
     ``workers``: how many workers the global batch is split over (processes times

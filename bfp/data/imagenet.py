@@ -10,9 +10,9 @@ validation ``Resize(round(image_size * 256 / 224))`` then
 ``CenterCrop(image_size)``; both normalised with the ImageNet mean and std.
 Files of any size and mode load as RGB; unreadable ones are skipped and
 reported once, or refused before training with ``strict_images``
-(``bfp.engine.images``). Shuffling and one key per epoch are drawn from the
+(``bfp.data.images``). Shuffling and one key per epoch are drawn from the
 bundle's generator in the main process; each image's crop and flip from a
-seed of (key, index) (``bfp.engine.augment``), so the batches are the same
+seed of (key, index) (``bfp.data.augment``), so the batches are the same
 for any ``num_workers`` and a resume continues them exactly.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 from . import images
 from .augment import KeyedTransform
-from .data import (IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit,
+from .cifar import (IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit,
                    check_global_batch, find_image_folder, open_folders)
 from .loaders import loaders
 from .fingerprint import fingerprint
@@ -59,7 +59,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
                   limit_train: int = 0, limit_test: int = 0, strict_images: bool = False,
                   shard: tuple[int, int, int] = (0, 1, 1)) -> DataBundle:
     """Train and validation loaders of the tree at ``path`` (see the module docstring);
-    ``shard`` = (rank, world, workers) as ``bfp.engine.loaders.loaders`` takes it."""
+    ``shard`` = (rank, world, workers) as ``bfp.data.loaders.loaders`` takes it."""
     import torchvision.transforms as T
     check_global_batch(batch_size_train, shard[1])
     if image_size < 8:
