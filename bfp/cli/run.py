@@ -18,7 +18,7 @@ import torch
 from ..conversion import precision_state
 from ..dynamic import DynamicPrecision
 from ..engine import checkpoint as ckpt
-from ..data.cifar import DataError
+from ..data import DataError
 from ..engine.diagnose import DiagnoseCallback
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan

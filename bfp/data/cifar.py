@@ -54,7 +54,9 @@ import torch.nn.functional as F
 from .augment import KeyedAugment
 from .downloads import removed_on_failure
 from .fingerprint import fingerprint
-from .loaders import ShardedBatchSampler, loaders
+from .bundle import DataBundle, DataError, check_global_batch, check_train_size, limit
+from .folders import find_image_folder, open_folders
+from .loaders import loaders
 from . import decoded, images
 
 DATASETS = ("digits", "CIFAR10", "CIFAR100", "imagefolder")
@@ -63,39 +65,12 @@ CIFAR_STD = {"CIFAR10": (0.2470, 0.2435, 0.2616), "CIFAR100": (0.2673, 0.2564, 0
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-class DataError(ValueError):
-    """A dataset name, path or option that cannot be used; the message says why."""
-
-
 @dataclass(frozen=True)
 class Augment:
     """Training augmentation: random crop after zero padding by ``pad`` pixels, random horizontal flip."""
 
     pad: int = 4
     flip: bool = True
-
-
-@dataclass
-class DataBundle:
-    name: str
-    train: Any  # TensorLoader or DataLoader
-    test: Any
-    num_classes: int
-    in_channels: int
-    classes: list[str]
-    generator: torch.Generator  # drives shuffling and augmentation of ``train``
-    fingerprint: Optional[dict] = None  # classes, image counts, sizes (bfp.data.fingerprint)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle a distributed sampler for ``epoch`` (TensorLoaders draw from ``generator``)."""
-        loader = getattr(self.train, "loader", self.train)  # through images.SkippingLoader
-        sampler = getattr(loader, "batch_sampler", None)
-        if isinstance(sampler, ShardedBatchSampler):
-            sampler.set_epoch(epoch)
-
-    def describe(self) -> str:
-        return (f"{self.name}: {len(self.train.dataset)} train / {len(self.test.dataset)} test images, "
-                f"{self.num_classes} classes, {self.in_channels} channels")
 
 
 def canonical_name(name: str) -> str:
@@ -116,6 +91,9 @@ class TensorDataset:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def take(self, idx: torch.Tensor) -> "TensorDataset":
+        return TensorDataset(self.images[idx], self.labels[idx])
 
     def to(self, device) -> "TensorDataset":
         return TensorDataset(self.images.to(device), self.labels.to(device))
@@ -218,8 +196,8 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
                             f"scikit-learn and reads no folder; drop -dp, or use -d imagefolder -dp {path}")
         train, test, classes = _digits(channels)
         fp = fingerprint(name, train, test, classes, None)
-        train, test = _limit(train, limit_train), _limit(test, limit_test)
-        _check_train_size(name, len(train))
+        train, test = limit(train, limit_train), limit(test, limit_test)
+        check_train_size(name, len(train))
         mean, std = _mean_std(train)
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
         bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -234,8 +212,8 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     aug = Augment()
     classes = list(train_ds.classes)
     fp = fingerprint(name, train_ds, test_ds, classes, path)
-    train_ds, test_ds = _limit(train_ds, limit_train), _limit(test_ds, limit_test)
-    _check_train_size(name, len(train_ds))
+    train_ds, test_ds = limit(train_ds, limit_train), limit(test_ds, limit_test)
+    check_train_size(name, len(train_ds))
     if folder and strict_images:
         for ds in (train_ds, test_ds):
             try:
@@ -261,28 +239,6 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     return DataBundle(name, *loaders(train_aug, test_ds, batch_size_train, batch_size_test, g, seed,
                                      (rank, world, workers), skipping=folder, **common),
                       len(classes), 3, classes, g, fp)
-
-
-def check_global_batch(batch_size_train: int, world: int) -> None:
-    if world > 1 and batch_size_train % world:
-        raise DataError(f"--batch-size-train {batch_size_train} (the global batch) cannot be split evenly "
-                        f"over {world} processes; use a multiple of {world}")
-
-
-def _check_train_size(name: str, n: int) -> None:
-    if n < 2:  # a lone image is dropped as a last batch (BatchNorm needs two), leaving no step
-        raise DataError(f"{name}: {n} training image(s) (--limit-train-images); training needs at least 2")
-
-
-def _limit(ds, n: int):
-    """``n`` images spread evenly over ``ds`` (image folders are sorted by class:
-    the first ``n`` could all be one class)."""
-    if not n or n >= len(ds):
-        return ds
-    idx = torch.arange(n) * len(ds) // n
-    if isinstance(ds, TensorDataset):
-        return TensorDataset(ds.images[idx], ds.labels[idx])
-    return torch.utils.data.Subset(ds, idx.tolist())
 
 
 def _base(ds):
@@ -344,18 +300,6 @@ def _cifar_files_absent(name: str, root: Path) -> bool:
     return not (root / folder).is_dir()
 
 
-def _is_image_folder(p: Path) -> bool:
-    return p.is_dir() and (p / "train").is_dir() and ((p / "test").is_dir() or (p / "val").is_dir())
-
-
-def find_image_folder(path: Path) -> Optional[Path]:
-    """``path`` itself or its one subdirectory holding train/ and test/ (as an unpacked tarball)."""
-    if _is_image_folder(path):
-        return path
-    subs = [s for s in path.iterdir() if _is_image_folder(s)] if path.is_dir() else []
-    return subs[0] if len(subs) == 1 else None
-
-
 def _image_folder(path: Optional[str]):
     if not path:
         raise DataError("--dataset imagefolder needs -dp/--dataset-path DIR with train/ and test/ "
@@ -369,26 +313,6 @@ def _image_folder(path: Optional[str]):
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
     return open_folders(root / "train", test_dir)
-
-
-def open_folders(train_dir: Path, test_dir: Path):
-    """The ``images.ImageFolder``s of ``train_dir`` and ``test_dir``; ``DataError`` when one has
-    no images or their class folders differ (naming the classes found in only one)."""
-    train, test = _open_folder(train_dir), _open_folder(test_dir)
-    if train.classes != test.classes:
-        only_t = sorted(set(train.classes) - set(test.classes))
-        only_v = sorted(set(test.classes) - set(train.classes))
-        raise DataError(f"{train_dir.parent}: train/ and {test_dir.name}/ class folders differ: only in train: "
-                        f"{only_t[:10] or 'none'}; only in {test_dir.name}: {only_v[:10] or 'none'}")
-    return train, test
-
-
-def _open_folder(folder: Path):
-    try:
-        return images.ImageFolder(str(folder))
-    except (FileNotFoundError, RuntimeError) as e:  # torchvision's "Found no valid file for the classes ..."
-        raise DataError(f"no images found under {folder} (it needs <class>/ folders holding image "
-                        f"files): {e}") from None
 
 
 def _to_tensor_dataset(ds) -> TensorDataset:

@@ -25,8 +25,9 @@ import torch
 
 from . import images
 from .augment import KeyedTransform
-from .cifar import (IMAGENET_MEAN, IMAGENET_STD, DataBundle, DataError, _check_train_size, _limit,
-                   check_global_batch, find_image_folder, open_folders)
+from .bundle import DataBundle, DataError, check_global_batch, check_train_size, limit
+from .cifar import IMAGENET_MEAN, IMAGENET_STD
+from .folders import find_image_folder, open_folders
 from .loaders import loaders
 from .fingerprint import fingerprint
 
@@ -71,8 +72,8 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
     norm = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     train_ds.transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()] + norm)
     val_ds.transform = T.Compose([T.Resize(round(image_size * 256 / 224)), T.CenterCrop(image_size)] + norm)
-    train_ds, val_ds = _limit(train_ds, limit_train), _limit(val_ds, limit_test)
-    _check_train_size("imagenet", len(train_ds))
+    train_ds, val_ds = limit(train_ds, limit_train), limit(val_ds, limit_test)
+    check_train_size("imagenet", len(train_ds))
     if strict_images:
         for ds in (train_ds, val_ds):
             try:

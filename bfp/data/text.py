@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from .cifar import DataBundle, DataError
+from .bundle import DataBundle, DataError
 
 CORPUS_FILES = ("argparse.py", "textwrap.py", "string.py", "fractions.py", "difflib.py", "heapq.py",
                 "bisect.py", "statistics.py", "shlex.py", "calendar.py")

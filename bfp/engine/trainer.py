@@ -93,7 +93,7 @@ def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[
 
 
 class Trainer:
-    """Trains ``model`` on ``data`` (a ``bfp.data.cifar.DataBundle``).
+    """Trains ``model`` on ``data`` (a ``bfp.data.DataBundle``).
 
     ``network_config``: the network config the model was converted with
     (``None``: FP32), recorded so a later switch or a resume knows what is in force.

@@ -20,7 +20,7 @@ import tarfile
 from pathlib import Path
 from typing import Optional
 
-from ..data.cifar import find_image_folder
+from ..data.folders import find_image_folder
 from . import matrix, report, results, runner
 
 
