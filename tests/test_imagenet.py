@@ -185,12 +185,9 @@ def test_bad_flags_exit_2_naming_the_value(tmp_path, capsys, flags, message):
                                           (["--do", "Simple/0.1/0.2/50/1/5"], "epoch"),  # the seed's: spec says 5
                                           (["--do", "Simple/0.1/0.2/50/1", "--do-every", "7"], 7)])
 def test_do_decides_every_500_steps_unless_told_otherwise(extra, every):
-    from bfp.cli.run import check_args
+    from bfp.cli.spec import build_spec
     from bfp.cli.tasks import IMAGENET
-    from bfp.cli.train_config import parse_args
-    args, _, _ = parse_args(IMAGENET, ["--arch", "resnet18", "--bfp", "ResNet18_FB12LG24", *extra])
-    args.plan_has_precision = False
-    check_args(IMAGENET, args)
+    args = build_spec(IMAGENET, ["--arch", "resnet18", "--bfp", "ResNet18_FB12LG24", *extra]).args
     assert args.do_every == every and args.lr_schedule == "thirds" and args.training_epochs == 90
     assert (args.batch_size_train, args.num_workers, args.optim_weight_decay) == (256, 4, 1e-4)
 

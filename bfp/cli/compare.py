@@ -1,32 +1,28 @@
 """``--compare``: the same job in FP32 and with the network config, side by side."""
 from __future__ import annotations
 
-import argparse
-import copy
 import sys
 from typing import Any
 
 from ..engine.schedule import EpochPlan
 from .flags import UsageError
 from .run import train
-from .tasks import Task
+from .spec import RunSpec
 
 
-def compare(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> list[dict[str, Any]]:
+def compare(spec: RunSpec, stream=None) -> list[dict[str, Any]]:
+    args, plan = spec.args, spec.plan
     if not (args.network_config or plan.precision):
         raise UsageError("--compare needs --bfp CONFIG (or a -tc config with bfp-layer-conf-dict) to "
                          "compare against FP32")
     if args.resume:
         raise UsageError("--compare cannot be combined with --resume")
-    fp32_args = copy.copy(args)
-    fp32_args.network_config, fp32_args.do = None, None
-    fp32_plan = EpochPlan(precision={}, optimizer=dict(plan.optimizer))
+    fp32 = spec.replace(EpochPlan(precision={}, optimizer=dict(plan.optimizer)), network_config=None, do=None)
     out = stream or sys.stdout
     results = []
-    for label, a, pl, sfx in (("FP32", fp32_args, fp32_plan, "_fp32"),
-                              (args.network_config or "schedule", args, plan, "_bfp")):
+    for label, run, sfx in (("FP32", fp32, "_fp32"), (args.network_config or "schedule", spec, "_bfp")):
         print(f"==> {label}", file=out, flush=True)
-        r = train(task, a, copy.deepcopy(pl), suffix=sfx, stream=stream)
+        r = train(run, suffix=sfx, stream=stream)
         r["label"] = label
         results.append(r)
     print(comparison_table(results), file=out, flush=True)

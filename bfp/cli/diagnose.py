@@ -14,20 +14,20 @@ import sys
 from pathlib import Path
 
 from ..diagnostics import SWEEP_FAMILIES, capture_step, heatmap, measure_step, sweep, sweep_plot, table
-from ..engine.schedule import EpochPlan
 from .flags import UsageError
 from .evaluate import saved_model
 from .run import cpu_threads
-from .tasks import Task
+from .spec import RunSpec
 
 
-def _load(task: Task, args: argparse.Namespace, plan: EpochPlan):
+def _load(spec: RunSpec):
     """(model, first training batch, where: words, run directory or None) of the checkpoint or
     of a fresh model converted with --bfp."""
-    if args.network_config is None and not args.resume and not plan.precision:
+    args = spec.args
+    if args.network_config is None and not args.resume and not spec.plan.precision:
         raise UsageError(f"--mode {args.mode} needs quantized layers: give --bfp CONFIG or --resume a run "
                          f"trained with one")
-    model, data, device, initial, path = saved_model(task, args, plan)
+    model, data, device, initial, path = saved_model(spec)
     if initial is None:
         raise UsageError(f"--mode {args.mode}: the run at {path} trained in FP32: no quantization point to "
                          f"measure")
@@ -53,10 +53,10 @@ def _png(args: argparse.Namespace, run_dir, name: str) -> Path:
     return Path(args.diagnose_out) if args.diagnose_out else (run_dir or Path(".")) / name
 
 
-def diagnose(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> list[dict]:
-    out = stream or sys.stdout
+def diagnose(spec: RunSpec, stream=None) -> list[dict]:
+    out, args = stream or sys.stdout, spec.args
     with cpu_threads(args.threads):
-        model, x, y, where, run_dir = _load(task, args, plan)
+        model, x, y, where, run_dir = _load(spec)
         rows = measure_step(model, x, y)
     if not rows:
         raise UsageError("no quantization point is active in this model's config")
@@ -67,17 +67,17 @@ def diagnose(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None)
     return rows
 
 
-def sweep_mode(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> list[dict]:
+def sweep_mode(spec: RunSpec, stream=None) -> list[dict]:
     """``--mode sweep``: the tensors of one batch at every active point, rounded to 2..16-bit
     members of each ``--sweep-family``; SQNR against bits, one line per point."""
-    out = stream or sys.stdout
+    out, args = stream or sys.stdout, spec.args
     families = [f.strip() for f in args.sweep_family.split(",") if f.strip()]
     bad = [f for f in families if f not in SWEEP_FAMILIES]
     if bad or not families:
         raise UsageError(f"--sweep-family {args.sweep_family!r}: allowed: a comma-separated subset of "
                          f"{', '.join(SWEEP_FAMILIES)}")
     with cpu_threads(args.threads):
-        model, x, y, where, run_dir = _load(task, args, plan)
+        model, x, y, where, run_dir = _load(spec)
         rows = sweep(capture_step(model, x, y), families)
     print(f"sweep {where}: SQNR (dB) of one training batch's tensors per point", file=out)
     points = list(dict.fromkeys(r["point"] for r in rows))

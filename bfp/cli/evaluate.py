@@ -7,30 +7,27 @@ would be. Prints the conversion report, then loss, top-1 and top-5.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..conversion import load_precision_state
 from ..engine.logs import RunLog
-from ..engine.schedule import EpochPlan
 from ..engine.trainer import Trainer
-from .run import (convert, cpu_threads, initial_network_config, load_data, make_model, resolve_device,
-                  seed_everything, train_config)
-from .tasks import Task
-from .train_config import resume_checkpoint
+from .run import convert, cpu_threads, load_data, make_model, resolve_device, seed_everything, train_config
+from .spec import RunSpec
 
 
-def saved_model(task: Task, args: argparse.Namespace, plan: EpochPlan):
+def saved_model(spec: RunSpec):
     """(model, data, device, network config, checkpoint path or None): the model of ``--resume``
     (its weights and every layer's precision, dynamic changes included; not the training
     state) or a fresh one converted with ``--bfp``, and the run's data."""
+    task, args = spec.task, spec.args
     device = resolve_device(args.device)
-    # as a training resume loads it: a damaged file names the newest intact checkpoint beside it
-    path, state = resume_checkpoint(args)
+    # loaded as a training resume loads it: a damaged file names the newest intact checkpoint beside it
+    path, state = (spec.resumed.path, spec.resumed.state) if spec.resumed is not None else (None, None)
     seed_everything(args.seed)
     data = load_data(args, device, task)
     model = make_model(task, args, data.num_classes, data.in_channels)
-    initial = state["network_config"] if state is not None else initial_network_config(args, plan)
+    initial = spec.initial_config
     model = convert(model, initial, "--bfp" if state is None else "checkpoint network config")
     if state is not None:
         model.load_state_dict(state["model"])
@@ -39,11 +36,11 @@ def saved_model(task: Task, args: argparse.Namespace, plan: EpochPlan):
     return model.to(device), data, device, initial, path
 
 
-def evaluate(task: Task, args: argparse.Namespace, plan: EpochPlan, stream=None) -> dict[str, float]:
-    out = stream or sys.stdout
+def evaluate(spec: RunSpec, stream=None) -> dict[str, float]:
+    out, args = stream or sys.stdout, spec.args
     with cpu_threads(args.threads):
-        model, data, device, initial, _ = saved_model(task, args, plan)
-        trainer = Trainer(model, data, train_config(args, plan, device), device=device, log=RunLog(None, stream=out),
+        model, data, device, initial, _ = saved_model(spec)
+        trainer = Trainer(model, data, train_config(args, spec.plan, device), device=device, log=RunLog(None, stream=out),
                           network_config=initial, name=args.model)
         report = trainer.precision_report()
         if report:

@@ -16,7 +16,6 @@ from ..amp import COMPUTE_DTYPES
 from ..data import cifar as data_mod
 from .amp_flags import add_amp_flags
 from .helpformat import HelpFormatter
-from .resume_flags import add_resume_flags
 from .dist_flags import add_distributed_flags
 from .tasks import Task
 
@@ -188,6 +187,10 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--slack-channel", default=os.environ.get("BFP_SLACK_CHANNEL", "#bfpsim"),
                    help="channel to post to (default from $BFP_SLACK_CHANNEL)")
     g.add_argument("--slack-base-url", default=None, help=argparse.SUPPRESS)  # tests: a local server
-    add_resume_flags(p, b)
+    g = p.add_argument_group("resume")
+    g.add_argument("--resume-allow-data-change", **b, default=False,
+                   help="let --resume continue on a dataset whose fingerprint (classes, image counts, "
+                        "sizes) differs from the one the checkpoint recorded; the class count must "
+                        "still match")
     task.hooks.add_flags(p)  # e.g. imagenet.py: the PyTorch ImageNet example's flags
     return p

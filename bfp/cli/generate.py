@@ -1,7 +1,6 @@
 """``--mode generate-config``: an original-form network config listing every convertible layer."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -11,10 +10,11 @@ from ..conversion import generate_config as config_of
 from ..engine.checkpoint import atomic_file
 from .flags import UsageError
 from .run import convert, make_model
-from .tasks import Task
+from .spec import RunSpec
 
 
-def generate_config(task: Task, args: argparse.Namespace, stream=None) -> Path:
+def generate_config(spec: RunSpec, stream=None) -> Path:
+    task, args = spec.task, spec.args
     model = make_model(task, args, task.classes(args.dataset), args.in_channels)
     if args.network_config:  # the config as converted: the report shows which layers stay FP32
         model = convert(model, args.network_config, "--bfp")

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -60,6 +60,15 @@ class ImagenetHooks(TaskHooks):
                              f"(give the tree as DIR, --data or -dp)")
         return "imagenet"
 
+    def derived(self, args: argparse.Namespace) -> dict[str, Any]:
+        if not args.do or "do_every" in args.explicit:
+            return {}
+        try:
+            spec = parse_spec(args.do)
+        except ValueError as e:
+            raise ValueError(f"--do {args.do}: {e}") from None
+        return {"do_every": imagenet_flags.DO_EVERY} if spec.every is None else {}  # the original's interval
+
     def check_args(self, args: argparse.Namespace) -> None:
         if args.image_size < 8:
             raise ValueError(f"--image-size must be >= 8, got {args.image_size}")
@@ -70,13 +79,6 @@ class ImagenetHooks(TaskHooks):
                              "fit: leave it out")
         if args.in_channels != 3:
             raise ValueError(f"--in-channels {args.in_channels}: imagenet.py images have 3 channels")
-        if args.do and "do_every" not in args.explicit:
-            try:
-                spec = parse_spec(args.do)
-            except ValueError as e:
-                raise ValueError(f"--do {args.do}: {e}") from None
-            if spec.every is None:
-                args.do_every = imagenet_flags.DO_EVERY  # the original's ImageNet interval
         if args.evaluate and not (args.resume or args.pretrained):
             raise ValueError("-e/--evaluate needs weights: --resume RUN_OR_CHECKPOINT or --pretrained [PATH]")
 
@@ -107,9 +109,10 @@ class ImagenetHooks(TaskHooks):
     def callbacks(self, args: argparse.Namespace) -> list[Callback]:
         return [PrintFreq(args.print_freq)] if args.print_freq else []
 
-    def before_run(self, task, args: argparse.Namespace, argv: Sequence[str]) -> Optional[int]:
+    def before_run(self, spec) -> Optional[int]:
         """Distributed flags: set this process's environment, or spawn the workers and
         return their exit status (``None``: go on and run here)."""
+        args = spec.args
         if os.environ.get(dist_launch.SPAWNED) or not dist_launch.is_distributed(args):
             return None
         node = dist_launch.node_args(args)
@@ -121,5 +124,5 @@ class ImagenetHooks(TaskHooks):
             raise ValueError("--multiprocessing-distributed: no GPU visible; give --nprocs N to start N "
                              "CPU workers")
         command = [sys.executable, "-c", "import sys; from bfp.cli import run_task; "
-                   f"sys.exit(run_task({task.name!r}, sys.argv[1:]))", *argv]
+                   f"sys.exit(run_task({spec.task.name!r}, sys.argv[1:]))", *spec.argv]
         return dist_launch.spawn(command, nprocs, node)

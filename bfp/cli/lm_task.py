@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -78,6 +79,9 @@ class LMHooks(TaskHooks):
                              f"with --data FILE.txt)")
         return str(name).lower()
 
+    def derived(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {"dataset": "text"} if args.dataset == "pysrc" and args.dataset_path else {}
+
     def check_args(self, args: argparse.Namespace) -> None:
         if args.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
@@ -85,8 +89,6 @@ class LMHooks(TaskHooks):
             raise ValueError(f"--sample-chars must be >= 0 (0: none), got {args.sample_chars}")
         if args.dataset == "text" and not args.dataset_path:
             raise ValueError("--dataset text needs --data FILE.txt")
-        if args.dataset == "pysrc" and args.dataset_path:
-            args.dataset = "text"
 
     def make_model(self, args: argparse.Namespace, num_classes: int, in_channels: int) -> nn.Module:
         opts = dict(args.model_opt)

@@ -21,9 +21,9 @@ from .diagnose import diagnose, sweep_mode
 from .evaluate import evaluate
 from .flags import UsageError
 from .generate import generate_config
-from .run import check_args, train
+from .run import train
+from .spec import build_spec
 from .tasks import TASKS, get_task
-from .train_config import apply_resume, parse_args
 
 
 # A write refused by the disk or the file system (full, read-only, quota, permissions).
@@ -58,29 +58,18 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
     prog = prog or task.prog
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args, plan, _ = parse_args(task, argv)
-        if args.resume:
-            args, plan = apply_resume(task, args)
-        args.plan_has_precision = bool(plan.precision)
-        check_args(task, args)
+        spec = build_spec(task, argv)  # flags, -tc and --resume merged, checked and frozen
         try:  # e.g. imagenet.py's distributed flags: set the environment or spawn workers
-            status = task.hooks.before_run(task, args, argv)
+            status = task.hooks.before_run(spec)
         except ValueError as e:
             raise UsageError(str(e)) from None
         if status is not None:
             return status
-        if args.mode == "generate-config":
-            generate_config(task, args)
-        elif args.mode == "diagnose":
-            diagnose(task, args, plan)
-        elif args.mode == "sweep":
-            sweep_mode(task, args, plan)
-        elif task.hooks.evaluate_only(args):
-            evaluate(task, args, plan)
-        elif args.compare:
-            compare(task, args, plan)
-        else:
-            train(task, args, plan)
+        mode = spec.args.mode
+        run = (generate_config if mode == "generate-config" else diagnose if mode == "diagnose" else
+               sweep_mode if mode == "sweep" else evaluate if task.hooks.evaluate_only(spec.args) else
+               compare if spec.args.compare else train)
+        run(spec)
         return 0
     except (UsageError, CheckpointError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ defaults are what a task without the feature does.
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -26,8 +26,13 @@ class TaskHooks:
     def canonical_dataset(self, name: str) -> str:
         raise NotImplementedError
 
+    def derived(self, args: argparse.Namespace) -> dict[str, Any]:
+        """Flag values that follow from the others (``dest -> value``), set before the run's
+        specification is frozen (``bfp.cli.spec``); a ValueError names a bad flag value."""
+        return {}
+
     def check_args(self, args: argparse.Namespace) -> None:
-        """Raise ValueError naming a bad flag value (after the shared checks' parsing)."""
+        """Raise ValueError naming a bad flag value or combination; changes nothing."""
 
     def make_model(self, args: argparse.Namespace, num_classes: int, in_channels: int) -> nn.Module:
         raise NotImplementedError
@@ -45,8 +50,9 @@ class TaskHooks:
         """Extra ``bfp.engine.callbacks.Callback`` objects of this task."""
         return []
 
-    def before_run(self, task, args: argparse.Namespace, argv: Sequence[str]) -> Optional[int]:
-        """Runs after the flags are checked; an exit status ends the run there (None: go on)."""
+    def before_run(self, spec) -> Optional[int]:
+        """Runs once the run's specification (``bfp.cli.spec.RunSpec``) is built; an exit status
+        ends the run there (None: go on)."""
         return None
 
     def evaluate_only(self, args: argparse.Namespace) -> bool:

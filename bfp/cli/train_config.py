@@ -1,10 +1,10 @@
-"""Where a run's flags come from: the command line, a ``-tc`` training config, a checkpoint.
+"""A run's flags from the command line and a ``-tc`` training config.
 
 Precedence: flags given on the command line, then the ``-tc`` file
 (``conf_train/NAME.json``: flag values keyed by flag name, plus the
 epoch-keyed ``bfp-layer-conf-dict`` and ``optimizer-dict`` schedules), then
-the defaults. ``--resume`` takes the interrupted run's flags and plan from its
-checkpoint; only the flags in ``RESUME_OVERRIDES`` may be given again.
+the defaults. ``--resume`` then replaces them by the checkpoint's
+(``bfp.cli.resume``), and ``bfp.cli.spec`` freezes the result.
 """
 from __future__ import annotations
 
@@ -15,21 +15,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..config import ConfigError, find_train_config, load_config
-from ..engine import checkpoint_set
 from ..engine.schedule import EpochPlan
-from .flags import UsageError, build_parser, flag_name, model_option, str2bool
-from .resume_checks import saved_flags
+from .flags import UsageError, build_parser, model_option
 from .tasks import Task
 
 PLAN_KEYS = ("bfp-layer-conf-dict", "optimizer-dict")
-# Flags a resumed run may change (where it runs and what it reports, not what it computes).
-RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
-                    "slackbot", "slack_channel", "slack_base_url", "progress", "batch_size_test",
-                    "histograms", "resume", "do_color", "dataset_path", "mode", "resume_allow_data_change",
-                    "evaluate", "print_freq", "grad_histogram", "diagnose", "diagnose_out", "sweep_family",
-                    "sample_chars", "shadow"}
-# Names under which checkpoints written before the rename saved two flags.
-_OLD_DESTS = {"bfp": "network_config", "precision": "compute_dtype"}
 _NOT_IN_FILES = {"train_config_file", "resume", "slack_base_url", "help", "resume_allow_data_change"}
 
 
@@ -162,66 +152,3 @@ def drop_late_entries(plan: EpochPlan, epochs: int, source: str) -> list[str]:
     return lines
 
 
-def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespace, EpochPlan]:
-    """The interrupted run's flags and plan, with the few flags that may change taken from ``args``."""
-    path = checkpoint_set.resolve(args.resume)
-    state = checkpoint_set.load_with_hint(path, map_location="cpu")
-    extra = state.get("extra")
-    if not isinstance(extra, dict) or "args" not in extra or "plan" not in extra:
-        raise UsageError(f"--resume {path}: this checkpoint holds no {task.prog} flags (it was written by a "
-                         f"Trainer used from Python); resume it with Trainer.load_state_dict")
-    saved = {_OLD_DESTS.get(k, k): v for k, v in saved_flags(path, state).items()}
-    parser = build_parser(task)
-    _check_saved_types(parser, saved, path)
-    same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)
-    changed = sorted(k for k in args.explicit if k not in RESUME_OVERRIDES
-                     and not same(saved.get(k), getattr(args, k))
-                     and not (k in ("model", "dataset") and str(saved.get(k)).lower() == str(getattr(args, k)).lower()))
-    if changed:
-        raise UsageError(f"--resume continues the saved run as it was; these flags differ from it: "
-                         f"{', '.join(flag_name(parser, k) for k in changed)} (only "
-                         f"{', '.join(sorted(flag_name(parser, k) for k in RESUME_OVERRIDES))} may change)")
-    for k in args.explicit:
-        if k in RESUME_OVERRIDES:
-            saved[k] = getattr(args, k)
-    saved["resume"] = args.resume
-    # a permission of this invocation only: a later resume of the run must ask again
-    saved["resume_allow_data_change"] = args.resume_allow_data_change
-    # flags added after the checkpoint was written take their defaults
-    new = argparse.Namespace(**{**vars(parser.parse_args([])), **saved})
-    new.explicit = args.explicit
-    new.loaded_checkpoint = (path, state)  # the run loads it from here: read and CRC-checked once
-    try:
-        new.model_opt = [tuple(x) for x in new.model_opt]
-        p = state["extra"]["plan"]
-        return new, EpochPlan.parse(p["bfp-layer-conf-dict"], p["optimizer-dict"], "<checkpoint>")
-    except (TypeError, KeyError, ValueError) as e:
-        raise UsageError(f"--resume {path}: the saved flags or epoch plan cannot be read "
-                         f"({type(e).__name__}: {e})") from None
-
-
-def resume_checkpoint(args: argparse.Namespace) -> tuple[Optional[Path], Optional[dict[str, Any]]]:
-    """``(path, state)`` of ``--resume`` (``(None, None)`` without it): the checkpoint
-    ``apply_resume`` already loaded, handed over once, or loaded now."""
-    loaded = args.__dict__.pop("loaded_checkpoint", None)
-    if loaded is not None:
-        return loaded
-    if not args.resume:
-        return None, None
-    path = checkpoint_set.resolve(args.resume)
-    return path, checkpoint_set.load_with_hint(path, map_location="cpu")
-
-
-def _check_saved_types(parser: argparse.ArgumentParser, saved: dict[str, Any], path: Path) -> None:
-    """A saved flag whose value has not the type its flag parses to is refused by name."""
-    for a in parser._actions:
-        if a.dest not in saved or saved[a.dest] is None or not a.option_strings:
-            continue
-        v, want = saved[a.dest], {int: (int,), float: (int, float), str2bool: (bool,)}.get(a.type)
-        if a.type is None and a.default is not None and isinstance(a.default, str):
-            want = (str,)
-        bad = want is not None and (not isinstance(v, want) or (bool not in want and isinstance(v, bool)))
-        if bad:
-            raise UsageError(f"--resume {path}: saved flag {flag_name(parser, a.dest)} = {v!r} is not "
-                             f"a {' or '.join(t.__name__ for t in want)}; the checkpoint was edited or "
-                             f"written by another program")

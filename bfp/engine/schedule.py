@@ -104,7 +104,7 @@ class EpochPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"bfp-layer-conf-dict": {str(k): v for k, v in sorted(self.precision.items())},
-                "optimizer-dict": {str(k): v for k, v in sorted(self.optimizer.items())}}
+                "optimizer-dict": {str(k): dict(v) for k, v in sorted(self.optimizer.items())}}
 
 
 def _epoch(key: Any, source: str, what: str) -> int:
