@@ -58,19 +58,19 @@ def _scale_ok(v: float) -> bool:
 
 
 SCALE_ALLOWED = "a number in [1.2e-38, 3.4e38] (a normal float32)"
-#: The dynamic rule's parameters: keyword -> (flag, test, what is allowed); LossScaler and the
+#: The dynamic rule's parameters: keyword -> (test, what is allowed); LossScaler and the
 #: command-line flags (bfp.cli.amp_flags) check them with this one table.
 SCALER_PARAMS = {
-    "init_scale": ("--loss-scale-init", _scale_ok, SCALE_ALLOWED),
-    "growth_factor": ("--loss-scale-growth", lambda v: math.isfinite(v) and v > 1, "a finite number > 1"),
-    "backoff_factor": ("--loss-scale-backoff", lambda v: 0 < v < 1, "a number in (0, 1)"),
-    "growth_interval": ("--loss-scale-interval", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+    "init_scale": (_scale_ok, SCALE_ALLOWED),
+    "growth_factor": (lambda v: math.isfinite(v) and v > 1, "a finite number > 1"),
+    "backoff_factor": (lambda v: 0 < v < 1, "a number in (0, 1)"),
+    "growth_interval": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
 }
 
 
 def check_compute_dtype(name: str) -> str:
     if name not in COMPUTE_DTYPES:
-        raise ValueError(f"--precision {name!r}: allowed {', '.join(COMPUTE_DTYPES)}")
+        raise ValueError(f"`compute_dtype` {name!r}: allowed {', '.join(COMPUTE_DTYPES)}")
     return name
 
 
@@ -84,7 +84,7 @@ def parse_loss_scale(value: Union[str, float, None]) -> Union[str, float, None]:
     except (TypeError, ValueError):
         s = math.nan
     if not _scale_ok(s):
-        raise ValueError(f"--loss-scale {value!r}: allowed none, dynamic or {SCALE_ALLOWED}, e.g. 1024")
+        raise ValueError(f"`loss_scale` {value!r}: allowed none, dynamic or {SCALE_ALLOWED}, e.g. 1024")
     return s
 
 
@@ -100,9 +100,9 @@ class LossScaler:
         given = {"init_scale": init_scale, "growth_factor": growth_factor, "backoff_factor": backoff_factor,
                  "growth_interval": growth_interval}
         for key, v in given.items():
-            flag, ok, allowed = SCALER_PARAMS[key]
+            ok, allowed = SCALER_PARAMS[key]
             if not ok(v):
-                raise ValueError(f"{flag} {v!r}: allowed {allowed}")
+                raise ValueError(f"`{key}` {v!r}: allowed {allowed}")
         self.mode = "static" if isinstance(mode, float) else mode
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = growth_interval
@@ -174,7 +174,7 @@ class LossScaler:
         saved = state.get("mode", "dynamic") if state else "none"
         if saved != self.mode:
             raise ValueError(f"checkpoint loss scaling is {saved!r} but this run's is {self.mode!r}; "
-                             f"pass the same --loss-scale (and --precision) as the interrupted run")
+                             f"pass the same `loss_scale` (and `compute_dtype`) as the interrupted run")
         if not state:
             return
         self.scale = float(state["scale"])

@@ -201,7 +201,7 @@ def test_emulated_workers_drop_an_incomplete_last_global_batch():
 
 
 def test_a_global_batch_that_does_not_split_over_ranks_is_refused():
-    with pytest.raises(data_mod.DataError, match="--batch-size-train 9 .* over 2 processes"):
+    with pytest.raises(data_mod.DataError, match="`batch_size_train` 9 .* over 2 processes"):
         data_mod.load("digits", batch_size_train=9, rank=0, world=2)
 
 

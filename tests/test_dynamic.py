@@ -293,7 +293,7 @@ def test_every_comes_from_the_spec_or_the_argument_but_not_two_different_ones():
         DynamicPrecision(model, "Simple/0.1/0.3/0/0/5", every=7)
     with pytest.raises(ValueError, match="no converted layers"):
         DynamicPrecision(torch.nn.Linear(2, 2), "Simple/0.1/0.3/0/0")
-    with pytest.raises(ValueError, match="--do-color"):
+    with pytest.raises(ValueError, match="`color` must be True or False"):
         DynamicPrecision.from_args(model, "Simple/0.1/0.3/0/0", color="maybe")
 
 

@@ -102,7 +102,7 @@ def test_another_class_count_is_refused_even_when_data_changes_are_allowed(tmp_p
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("-dp", "/some/folder"), "-dp/--dataset-path '/some/folder' given with -d digits"),
+    (("-dp", "/some/folder"), "-dp/--dataset-path '/some/folder' given with dataset digits"),
     (("--do", ""), "--do '': an empty dynamic-precision spec"),
     (("--do", "  ", "--bfp", "ResNet18_FB16"), "--do '': an empty dynamic-precision spec"),
 ])

@@ -14,13 +14,14 @@ from ..amp import (BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, INIT_SCALE, S
                    parse_loss_scale)
 from ..engine.amp_log import LossScaleLog
 from ..engine.grad_histogram import GradHistogram
+from .param_flags import as_flags
 
 
 def _loss_scale(v: str):
     try:
         return parse_loss_scale(v)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise argparse.ArgumentTypeError(as_flags(str(e), {"loss_scale"})) from None
 
 
 def _checked(convert, ok, allowed: str):
@@ -38,7 +39,7 @@ def _checked(convert, ok, allowed: str):
 
 def _scaler_param(key: str, convert):
     """An argparse type checking a ``LossScaler`` parameter as the scaler does (``SCALER_PARAMS``)."""
-    _, ok, allowed = SCALER_PARAMS[key]
+    ok, allowed = SCALER_PARAMS[key]
     return _checked(convert, ok, allowed)
 
 

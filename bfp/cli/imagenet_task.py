@@ -48,6 +48,8 @@ class PrintFreq(Callback):
 class ImagenetHooks(TaskHooks):
     """The hooks ``bfp.cli.run`` and ``bfp.cli.main`` call for ``imagenet.py``."""
 
+    flag_spellings = {"dataset_path": "--data", "model": "-a/--arch"}
+
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         imagenet_flags.add_flags(parser)
 

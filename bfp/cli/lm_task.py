@@ -59,6 +59,8 @@ class TextReport(Callback):
 class LMHooks(TaskHooks):
     """Character-level language modelling: ``GPT`` on ``pysrc`` or ``--data FILE.txt``."""
 
+    flag_spellings = {"dataset_path": "--data"}
+
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("language model")
         g.add_argument("--data", dest="dataset_path", default=None, metavar="FILE.txt",

@@ -19,7 +19,8 @@ from . import plot
 from .compare import compare
 from .diagnose import diagnose, sweep_mode
 from .evaluate import evaluate
-from .flags import UsageError
+from .flags import UsageError, build_parser
+from .param_flags import as_flags
 from .generate import generate_config
 from .run import train
 from .spec import build_spec
@@ -52,6 +53,13 @@ def peer_failure(e: BaseException) -> Optional[str]:
             f"same number of processes")
 
 
+def in_flags(task, e: BaseException) -> str:
+    """The message of a library error with its parameters named as the task's flags
+    (``bfp.cli.param_flags``)."""
+    dests = {a.dest for a in build_parser(task)._actions if a.option_strings}
+    return as_flags(str(e), dests, task.hooks.flag_spellings)
+
+
 def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
     """Parse ``argv`` as the task's script does and run it; returns the exit status."""
     task = get_task(task_name)
@@ -72,7 +80,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         run(spec)
         return 0
     except (UsageError, CheckpointError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)
         return 2
     except OSError as e:
         if e.errno not in WRITE_ERRNOS or not e.filename:
@@ -82,7 +90,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
               f"continue with --resume <run directory>", file=sys.stderr)
         return 2
     except NonFiniteTraining as e:  # the run diverged; its last finite checkpoint is kept
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)
         return 3
     except RuntimeError as e:
         failed = peer_failure(e)

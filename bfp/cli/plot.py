@@ -7,6 +7,7 @@ from typing import Optional, Sequence
 
 from ..diagnostics import sqnr_curve
 from ..engine.plots import MULTI_RUN_OUT, default_out_dir, draw_curves
+from .param_flags import as_flags
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> int:
@@ -30,6 +31,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> i
             out = args.out or default_out_dir(args.runs)
             print(f"wrote {sqnr_curve(args.runs, args.sqnr, out, args.labels)}")
     except (FileNotFoundError, ValueError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {as_flags(str(e), {'diagnose', 'log'})}", file=sys.stderr)
         return 2
     return 0

@@ -17,6 +17,9 @@ import torch.nn as nn
 class TaskHooks:
     """What differs between ``cifar.py``, ``imagenet.py`` and ``lm.py``."""
 
+    #: how this script's messages spell a flag, where not as ``bfp.cli.param_flags.flag_of`` does
+    flag_spellings: dict[str, str] = {}
+
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         """Flags beyond the shared ones (``bfp.cli.flags``)."""
 

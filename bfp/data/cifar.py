@@ -185,15 +185,15 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     check_global_batch(batch_size_train, world)
     name = canonical_name(name)
     if channels != 3 and name != "digits":
-        raise DataError(f"--in-channels {channels}: only the digits dataset can change its channel "
+        raise DataError(f"`channels` {channels}: only the digits dataset can change its channel "
                         f"count; {name} images have 3 channels")
     if channels not in (1, 3) and name == "digits":
-        raise DataError(f"--in-channels must be 1 or 3, got {channels}")
+        raise DataError(f"`channels` must be 1 or 3, got {channels}")
     g = torch.Generator().manual_seed(seed)
     if name == "digits":
         if path:
-            raise DataError(f"-dp/--dataset-path {path!r} given with -d digits, which ships with "
-                            f"scikit-learn and reads no folder; drop -dp, or use -d imagefolder -dp {path}")
+            raise DataError(f"`path` {path!r} given with dataset digits, which ships with scikit-learn and "
+                            f"reads no folder; drop `path`, or use `name` imagefolder with `path` {path}")
         train, test, classes = _digits(channels)
         fp = fingerprint(name, train, test, classes, None)
         train, test = limit(train, limit_train), limit(test, limit_test)
@@ -219,7 +219,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
             try:
                 images.check_readable(ds)
             except images.UnreadableImages as e:
-                raise DataError(f"--strict-images: {e}") from None
+                raise DataError(f"`strict_images`: {e}") from None
     if gpu_data:
         train, test = _to_tensor_dataset(train_ds), _to_tensor_dataset(test_ds)
         bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -291,8 +291,8 @@ def _cifar(name: str, path: Optional[str], download: bool):
     except Exception as e:
         raise DataError(f"{name} is not under {str(root)!r} (expected torchvision's "
                         f"{cls.base_folder}/ folder there) and downloading it failed "
-                        f"({type(e).__name__}: {e}). Put the dataset there, or pass -dp PATH "
-                        f"to where it is.") from None
+                        f"({type(e).__name__}: {e}). Put the dataset there, or give `path` the "
+                        f"folder where it is.") from None
 
 
 def _cifar_files_absent(name: str, root: Path) -> bool:
@@ -302,8 +302,7 @@ def _cifar_files_absent(name: str, root: Path) -> bool:
 
 def _image_folder(path: Optional[str]):
     if not path:
-        raise DataError("--dataset imagefolder needs -dp/--dataset-path DIR with train/ and test/ "
-                        "class folders")
+        raise DataError("`name` imagefolder needs `path` DIR with train/ and test/ class folders")
     root = find_image_folder(Path(path))
     if root is None:
         if str(path).endswith((".tar.gz", ".tgz", ".tar")):

@@ -45,8 +45,7 @@ def tree(path: Optional[str]) -> tuple[Path, Path]:
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"{str(path)!r} is not a directory; expected DIR/train/<class>/*.JPEG and "
-                        f"DIR/val/<class>/*.JPEG (give DIR, --data DIR or -dp DIR; default $BFP_IMAGENET_DIR "
-                        f"or data/imagenet)")
+                        f"DIR/val/<class>/*.JPEG (give `path` DIR; default $BFP_IMAGENET_DIR or data/imagenet)")
     root = find_image_folder(p)
     if root is None:
         raise DataError(f"{str(path)!r} has no train/ and val/ class folders (found: "
@@ -64,7 +63,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
     import torchvision.transforms as T
     check_global_batch(batch_size_train, shard[1])
     if image_size < 8:
-        raise DataError(f"--image-size must be >= 8, got {image_size}")
+        raise DataError(f"`image_size` must be >= 8, got {image_size}")
     train_dir, val_dir = tree(path)
     train_ds, val_ds = open_folders(train_dir, val_dir)
     classes = list(train_ds.classes)
@@ -79,7 +78,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
             try:
                 images.check_readable(ds)
             except images.UnreadableImages as e:
-                raise DataError(f"--strict-images: {e}") from None
+                raise DataError(f"`strict_images`: {e}") from None
     g = torch.Generator().manual_seed(seed)
     pin = torch.device(device).type == "cuda"
     train, val = loaders(KeyedTransform(train_ds), val_ds, batch_size_train, batch_size_test, g, seed, shard,

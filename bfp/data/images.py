@@ -50,7 +50,7 @@ class UnreadableImages(ValueError):
         shown = "; ".join(f"{e.path} ({e.reason})" for e in bad[:20])
         more = f"; and {len(bad) - 20} more" if len(bad) > 20 else ""
         super().__init__(f"{len(bad)} of {total} images cannot be read: {shown}{more}. Delete or replace "
-                         f"them, or leave out --strict-images to skip them with a warning")
+                         f"them, or leave out `strict_images` to skip them with a warning")
         self.bad = bad
 
 

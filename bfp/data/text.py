@@ -32,7 +32,7 @@ def default_corpus() -> str:
     missing = [f for f in CORPUS_FILES if not (lib / f).is_file()]
     if missing:
         raise DataError(f"the default corpus needs the standard library sources {missing} under {lib}; "
-                        f"give a text file with --data FILE.txt")
+                        f"give a text file with `path` FILE.txt")
     return "".join((lib / f).read_text(encoding="utf-8") for f in CORPUS_FILES)
 
 
@@ -42,11 +42,11 @@ def read_text(path: Optional[str]) -> tuple[str, str]:
         return "pysrc", default_corpus()
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"--data {path}: no such file (give a UTF-8 text file)")
+        raise DataError(f"`path` {path}: no such file (give a UTF-8 text file)")
     try:
         return p.name, p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"--data {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise DataError(f"`path` {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 class Windows:

@@ -58,7 +58,7 @@ def sqnr_curve(run_dirs: list, layer: str, out: Path, labels=()) -> Path:
     for i, run in enumerate(run_dirs):
         path = Path(run) / "diagnostics.csv"
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no diagnostics in this run (train with --diagnose N)")
+            raise FileNotFoundError(f"{path}: no diagnostics in this run (train with `diagnose` N)")
         with open(path, encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r["layer"] == layer]
         if not rows:

@@ -47,7 +47,7 @@ class EmulatedStep:
 
     def __init__(self, n: int, reduce: RoundedReduce, group: Optional[Any] = None):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"--emulate-node must be a positive integer, got {n!r}")
+            raise ValueError(f"`n` (workers emulated per process) must be a positive integer, got {n!r}")
         self.n, self.reduce, self.group = n, reduce, group
         self._synced: Optional[int] = None
         self.bytes_sent = 0  # by the ring, over the run
@@ -63,7 +63,7 @@ class EmulatedStep:
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion, optimizer,
                  amp) -> tuple[torch.Tensor, torch.Tensor]:
         if len(x) % self.n:
-            raise ValueError(f"a batch of {len(x)} images cannot be split into --emulate-node {self.n} "
+            raise ValueError(f"a batch of {len(x)} images cannot be split into `n` {self.n} "
                              f"equal micro-batches")
         broadcast_state(list(model.buffers()), self.group)  # as DDP's broadcast_buffers
         params = [p for p in model.parameters() if p.requires_grad]

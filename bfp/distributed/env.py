@@ -133,7 +133,7 @@ def init(e: DistEnv, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
     except (RuntimeError, ValueError) as err:  # DistStoreError, DistNetworkError: RuntimeErrors
         why = str(err).splitlines()[0].rstrip(".") if str(err) else type(err).__name__
         raise DistEnvError(f"rank {e.rank}: could not join the {e.world_size}-process group at {where} within "
-                           f"{timeout_s:g} s (--dist-timeout): {why}. "
+                           f"{timeout_s:g} s (`timeout_s`): {why}. "
                            f"Is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same for every process?"
                            ) from None
     finally:

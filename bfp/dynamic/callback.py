@@ -63,11 +63,11 @@ class DynamicPrecision(Callback):
     def __init__(self, model: torch.nn.Module, spec: Union[str, SimpleSpec], *,
                  color: Union[bool, str] = False, every: Union[int, str, None] = None):
         self.spec = parse_spec(spec)
-        self.color = _parse_bool(color, "--do-color")
-        every = parse_every(every, "--do-every")
+        self.color = _parse_bool(color, "`color`")
+        every = parse_every(every, "`every`")
         if self.spec.every is not None and every not in (None, "epoch", self.spec.every):
-            raise ValueError(f"decision interval given twice: the --do spec says every "
-                             f"{self.spec.every!r}, --do-every says {every!r}; give one")
+            raise ValueError(f"decision interval given twice: the `spec` says every "
+                             f"{self.spec.every!r}, `every` says {every!r}; give one")
         self.every = self.spec.every or every or "epoch"
         self.controller = SimpleController(self.spec)
         self._batches = 0  # training steps since the last decision

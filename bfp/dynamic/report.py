@@ -47,7 +47,7 @@ def read_log(path: Union[str, os.PathLike]) -> list[dict[str, str]]:
     if path.is_dir():
         path = path / CSV_NAME
     if not path.exists():
-        raise ValueError(f"no dynamic precision log at {path}; runs with --do write {CSV_NAME} "
+        raise ValueError(f"no dynamic precision log at {path}; runs with dynamic precision write {CSV_NAME} "
                          "in their run folder")
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))

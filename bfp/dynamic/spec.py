@@ -143,22 +143,22 @@ def parse_spec(spec: Union[str, SimpleSpec]) -> SimpleSpec:
     if isinstance(spec, SimpleSpec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"--do spec must be a string of the form {SPEC_FORM}; got {spec!r}")
+        raise ValueError(f"`spec` must be a string of the form {SPEC_FORM}; got {spec!r}")
     fields = [f.strip() for f in spec.strip().split("/")]
     method = fields[0].lower()
     if method not in METHODS:
         raise ValueError(f"unknown dynamic precision method {fields[0]!r} in {spec!r}; allowed: "
                          f"Simple; expected form {SPEC_FORM}")
     if len(fields) < 5:
-        raise ValueError(f"--do spec {spec!r} has {len(fields) - 1} fields after 'Simple', needs at "
+        raise ValueError(f"`spec` {spec!r} has {len(fields) - 1} fields after 'Simple', needs at "
                          f"least 4; expected form {SPEC_FORM}")
     try:
         lower, upper = float(fields[1]), float(fields[2])
     except ValueError:
-        raise ValueError(f"--do spec {spec!r}: LOWER and UPPER must be numbers, got {fields[1]!r} "
+        raise ValueError(f"`spec` {spec!r}: LOWER and UPPER must be numbers, got {fields[1]!r} "
                          f"and {fields[2]!r}; expected form {SPEC_FORM}") from None
     if not (fields[3].isdigit() and fields[4].isdigit()):
-        raise ValueError(f"--do spec {spec!r}: INITIAL and HOLD must be integers >= 0, got "
+        raise ValueError(f"`spec` {spec!r}: INITIAL and HOLD must be integers >= 0, got "
                          f"{fields[3]!r} and {fields[4]!r}; expected form {SPEC_FORM}")
     kw: dict[str, Any] = {}
     for field in fields[5:]:
@@ -166,22 +166,22 @@ def parse_spec(spec: Union[str, SimpleSpec]) -> SimpleSpec:
             key, _, value = field.partition("=")
             key = key.strip().lower()
             if key not in ("every", "ladder", "combine", "sample"):
-                raise ValueError(f"--do spec {spec!r}: unknown field {key!r}; allowed keys: every, "
+                raise ValueError(f"`spec` {spec!r}: unknown field {key!r}; allowed keys: every, "
                                  f"ladder, combine, sample; expected form {SPEC_FORM}")
         elif "," in field:
             key, value = "ladder", field
         elif field.isdigit() or field.lower() == "epoch":
             key, value = "every", field
         else:
-            raise ValueError(f"--do spec {spec!r}: cannot read field {field!r}; expected form "
+            raise ValueError(f"`spec` {spec!r}: cannot read field {field!r}; expected form "
                              f"{SPEC_FORM}")
         if key in kw:
-            raise ValueError(f"--do spec {spec!r} gives {key} twice; expected form {SPEC_FORM}")
+            raise ValueError(f"`spec` {spec!r} gives {key} twice; expected form {SPEC_FORM}")
         kw[key] = value.strip()
     try:
         return SimpleSpec(lower, upper, int(fields[3]), int(fields[4]), **kw)
     except ValueError as e:
-        raise ValueError(f"--do spec {spec!r}: {e}; expected form {SPEC_FORM}") from None
+        raise ValueError(f"`spec` {spec!r}: {e}; expected form {SPEC_FORM}") from None
 
 
 def ladder_step(bits: int, direction: int, ladder: tuple[int, ...]) -> int:

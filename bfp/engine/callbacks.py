@@ -80,8 +80,8 @@ class CallbackList:
         orphans = sorted(n for n, st in states.items() if n not in names and st)
         if orphans:
             raise ValueError(f"checkpoint holds state of callbacks {orphans} that this run does not "
-                             f"have (this run has: {sorted(names) or 'none'}); pass the same --do/"
-                             f"--slackbot options as the interrupted run")
+                             f"have (this run has: {sorted(names) or 'none'}); give it the same callbacks as "
+                             f"the interrupted run (dynamic precision `spec`, `slackbot`)")
         for c in self.callbacks:
             if c.name in states:
                 c.load_state_dict(states[c.name])

@@ -198,9 +198,9 @@ def resolve(path_or_run_dir: os.PathLike | str) -> Path:
             if cand.is_file():
                 return cand
         raise CheckpointError(f"run directory {str(p)!r} has no checkpoints/last.pt "
-                              f"(was it run with --save True?)")
+                              f"(was it run with `save` on?)")
     if not p.exists():
-        raise CheckpointError(f"--resume {str(p)!r}: no such file or run directory")
+        raise CheckpointError(f"`resume` {str(p)!r}: no such file or run directory")
     return p
 
 

@@ -76,7 +76,7 @@ def _check_space(directory: Path, size: int, names: list[str], epochs_done: int)
             f"not enough space in {str(directory)!r} for the checkpoints of epoch {epochs_done} "
             f"({', '.join(names)}): {need} bytes needed, {free} free. Nothing of epoch {epochs_done} "
             f"was written and the files already there are intact; free some space and resume the run "
-            f"with --resume {directory.parent}")
+            f"with `resume` {directory.parent}")
 
 
 def write_set(state: dict[str, Any], directory: os.PathLike | str, *, best: bool,
@@ -137,7 +137,7 @@ def _hint(directory: Path, exclude: Optional[Path] = None) -> str:
         return ""
     path, epoch = good
     return (f". The newest intact checkpoint of this run is {str(path)!r} ({epoch} epochs done): "
-            f"resume from it with --resume {path}")
+            f"resume from it with `resume` {path}")
 
 
 def resolve(path_or_run_dir: os.PathLike | str) -> Path:

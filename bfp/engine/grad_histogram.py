@@ -80,7 +80,7 @@ class GradHistogram(Callback):
 
     def __init__(self, every: int):
         if not isinstance(every, int) or every < 1:
-            raise ValueError(f"--grad-histogram {every!r}: allowed an integer >= 1 (steps between samples)")
+            raise ValueError(f"`GradHistogram.every` {every!r}: allowed an integer >= 1 (steps between samples)")
         self.every = every
         self._handles: list = []
         self._pending: dict[str, list[torch.Tensor]] = {}

@@ -132,7 +132,7 @@ def read_metrics(run_dir: os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{str(path)!r} not found: is {str(run_dir)!r} a run directory "
-                                f"written with --log True?")
+                                f"written with `log` on?")
     by_epoch: dict[int, dict] = {}
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

@@ -56,4 +56,4 @@ def make_schedule(kind: str, optimizer: torch.optim.Optimizer, *, epochs: int, s
     if kind == "thirds":
         return ThirdsSchedule(optimizer, total_steps=epochs * steps_per_epoch, warmup_steps=warmup_steps,
                               epochs=epochs)
-    raise ValueError(f"--lr-schedule {kind!r} unknown; allowed: {', '.join(SCHEDULES)}")
+    raise ValueError(f"`lr_schedule` {kind!r} unknown; allowed: {', '.join(SCHEDULES)}")

@@ -95,7 +95,7 @@ class EpochPlan:
             late = sorted(e for e in d if e >= epochs)
             if late:
                 raise ValueError(f"{source}: {what} has epochs {late} but the run trains epochs "
-                                 f"0..{epochs - 1} (--training-epochs {epochs})")
+                                 f"0..{epochs - 1} (`epochs` {epochs})")
 
     def precision_at(self, epoch: int, initial: Any = None) -> Any:
         """The network config in force during ``epoch``: the latest switch at or before it."""

@@ -48,11 +48,11 @@ def _check_token(token: str, source: str) -> str:
                                                    else "a control character")
         raise SlackTokenError(f"the Slack token from {source} holds {kind} at position {bad + 1}; a Slack "
                               f"token is one word of letters, digits and '-' (xoxb-...). Fix the token, or "
-                              f"leave --slackbot off")
+                              f"leave `slackbot` off")
     if len(token) < MIN_TOKEN_LENGTH:
         raise SlackTokenError(f"the Slack token from {source} has {len(token)} characters; a Slack token "
                               f"(xoxb-...) has at least {MIN_TOKEN_LENGTH}. Put the bot token there, or "
-                              f"leave --slackbot off")
+                              f"leave `slackbot` off")
     return token
 
 

@@ -57,23 +57,22 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.epochs < 1:
-            raise ValueError(f"--training-epochs must be >= 1, got {self.epochs}")
+            raise ValueError(f"`epochs` must be >= 1, got {self.epochs}")
         check_compute_dtype(self.compute_dtype)
-        for name, flag in (("lr", "--optim-lr"), ("momentum", "--optim-momentum"),
-                           ("weight_decay", "--optim-weight-decay")):
-            check_hyperparam(name, getattr(self, name), flag)
-        for what, v in (("--warmup-epochs", self.warmup_epochs), ("--save-interval", self.save_interval)):
+        for name in ("lr", "momentum", "weight_decay"):
+            check_hyperparam(name, getattr(self, name))
+        for what, v in (("`warmup_epochs`", self.warmup_epochs), ("`save_interval`", self.save_interval)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{what} must be a finite number >= 0, got {v!r}")
         if isinstance(self.nonfinite_epochs, bool) or not isinstance(self.nonfinite_epochs, int) \
                 or self.nonfinite_epochs < 0:
-            raise ValueError(f"--stop-nonfinite must be an integer >= 0 (0: never stop), got {self.nonfinite_epochs!r}")
+            raise ValueError(f"`nonfinite_epochs` must be an integer >= 0 (0: never stop), got {self.nonfinite_epochs!r}")
         if self.warmup_epochs > self.epochs:
-            raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --training-epochs {self.epochs}")
+            raise ValueError(f"`warmup_epochs` {self.warmup_epochs} exceeds `epochs` {self.epochs}")
         if self.lr_schedule not in SCHEDULES:
-            raise ValueError(f"--lr-schedule {self.lr_schedule!r} unknown; allowed: {', '.join(SCHEDULES)}")
+            raise ValueError(f"`lr_schedule` {self.lr_schedule!r} unknown; allowed: {', '.join(SCHEDULES)}")
         if not 0.0 <= self.label_smoothing <= 1.0:  # NaN fails too; torch would fail only at the first step
-            raise ValueError(f"--label-smoothing must be in [0, 1], got {self.label_smoothing!r}")
+            raise ValueError(f"`label_smoothing` must be in [0, 1], got {self.label_smoothing!r}")
 
 
 # Network config None: FP32. Float layers stay as they are; Q-layers (a plan switching
@@ -243,9 +242,9 @@ class Trainer:
         limit = self.cfg.nonfinite_epochs
         if limit and self._bad_epochs >= limit:
             raise NonFiniteTraining(f"{line}. Stopped after {self._bad_epochs} non-finite epoch(s) in a row "
-                                    f"(--stop-nonfinite {limit}): the run diverged. Start again with a lower "
-                                    f"--optim-lr, loss scaling (--loss-scale dynamic) or wider formats; "
-                                    f"--resume continues from the last finite checkpoint")
+                                    f"(`nonfinite_epochs` {limit}): the run diverged. Start again with a lower "
+                                    f"`lr`, loss scaling (`loss_scale` dynamic) or wider formats; "
+                                    f"`resume` continues from the last finite checkpoint")
         self.log(f"warning: {line}")
 
     def train_epoch(self, epoch: int) -> dict[str, float]:

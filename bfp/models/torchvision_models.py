@@ -41,7 +41,7 @@ def canonical_name(arch: str) -> str:
         return by_lower[str(arch).lower()]
     close = difflib.get_close_matches(str(arch).lower(), all_names, n=3, cutoff=0.5)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ValueError(f"-a/--arch {arch!r}: not a torchvision model{hint}; allowed: {', '.join(all_names)}")
+    raise ValueError(f"`arch` {arch!r}: not a torchvision model{hint}; allowed: {', '.join(all_names)}")
 
 
 def renames_for(arch: str) -> tuple[tuple[str, str], ...]:
@@ -81,14 +81,14 @@ def pretrained_file(arch: str, path: Optional[str] = None) -> Path:
     it; a directory is named as one."""
     file = Path(path) if path else default_weights_file(arch)
     if file is None:
-        raise FileNotFoundError(f"--pretrained: torchvision has no default weights for {arch}; "
-                                f"give --pretrained PATH to a state_dict file")
+        raise FileNotFoundError(f"`pretrained`: torchvision has no default weights for {arch}; "
+                                f"give `pretrained` PATH to a state_dict file")
     if file.is_dir():
-        raise FileNotFoundError(f"--pretrained {file}: is a directory; give the weights file (a .pth/.pt "
+        raise FileNotFoundError(f"`pretrained` {file}: is a directory; give the weights file (a .pth/.pt "
                                 f"state_dict) inside it")
     if not file.is_file():
-        raise FileNotFoundError(f"--pretrained: {file} is not on disk and is never downloaded here; copy "
-                                f"the weights file there (or give --pretrained PATH)")
+        raise FileNotFoundError(f"`pretrained`: {file} is not on disk and is never downloaded here; copy "
+                                f"the weights file there (or give `pretrained` PATH)")
     return file
 
 
@@ -100,10 +100,10 @@ def apply_pretrained(model: nn.Module, arch: str, state: Any, file: Path) -> str
         state = state["model"]
     own = model.state_dict()
     if not isinstance(state, dict):
-        raise ValueError(f"--pretrained {file}: holds a {type(state).__name__}, not a state_dict")
+        raise ValueError(f"`pretrained` {file}: holds a {type(state).__name__}, not a state_dict")
     unknown = sorted(k for k in state if k not in own)
     if unknown:
-        raise ValueError(f"--pretrained {file}: not weights of {arch}; unknown keys: {unknown[:5]}")
+        raise ValueError(f"`pretrained` {file}: not weights of {arch}; unknown keys: {unknown[:5]}")
     fits = {k: v for k, v in state.items() if own[k].shape == v.shape}
     kept = sorted(set(own) - set(fits))
     model.load_state_dict(fits, strict=False)

@@ -31,11 +31,11 @@ HYPERPARAMS = {
 
 
 def check_hyperparam(name: str, value: Any, label: str = "") -> None:
-    """ValueError naming ``label`` (default ``name``), the value and what is allowed, if
-    ``value`` is not an allowed ``name`` (``HYPERPARAMS``)."""
+    """ValueError naming ``label`` (default the parameter, `` `name` ``), the value and what is
+    allowed, if ``value`` is not an allowed ``name`` (``HYPERPARAMS``)."""
     ok, allowed = HYPERPARAMS[name]
     if not ok(value):
-        raise ValueError(f"{label or name} must be {allowed}, got {value!r}")
+        raise ValueError(f"{label or f'`{name}`'} must be {allowed}, got {value!r}")
 
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], Any], torch.optim.Optimizer]

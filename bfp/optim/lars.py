@@ -31,7 +31,7 @@ class LARS(torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  trust_coefficient: float = DEFAULT_TRUST):
         for what, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
-                        ("trust coefficient (--lars-trust)", trust_coefficient)):
+                        ("`trust_coefficient`", trust_coefficient)):
             if not (isinstance(v, (int, float)) and v >= 0 and v == v and v != float("inf")):
                 raise ValueError(f"LARS {what} must be a finite number >= 0, got {v!r}")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
