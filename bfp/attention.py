@@ -25,19 +25,32 @@ and backward). A row whose every key is masked gives NaN, as PyTorch's does.
 call signature and results, the same Parameter objects (``in_proj_weight`` and
 ``in_proj_bias`` become ``qkv.weight``/``qkv.bias``, ``out_proj``'s ``proj.weight``/``proj.bias``).
 Its state_dict keys change accordingly (``load_state_dict`` accepts the old ones).
+
+Models that call ``F.scaled_dot_product_attention`` themselves (a hand-written or
+Hugging Face attention block) are handled by ``route_sdpa`` (``convert`` does it
+first): every module whose class's source calls that function gets two children,
+``qk`` and ``pv`` (``Matmul``), and while it runs its forward the call is computed
+by ``products`` with them, so the two products are quantized and addressed by name
+as ``Attention``'s are (``*.attn.qk``). The arguments are SDPA's: ``attn_mask``
+(bool or float), ``dropout_p`` (applied as given, as SDPA does), ``is_causal``
+(top-left aligned), ``scale`` and ``enable_gqa``. With quantization off the result
+equals SDPA within float rounding (tested).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from .layers import Matmul
 
-__all__ = ["Attention", "MultiheadAttention"]
+__all__ = ["Attention", "MultiheadAttention", "route_sdpa"]
 
 
 def _mask(scores: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
@@ -46,8 +59,8 @@ def _mask(scores: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optiona
     as ``F.scaled_dot_product_attention``) or float (added); ``key_padding_mask`` (N, S) bool,
     True = padding (ignored), as ``nn.MultiheadAttention``."""
     t, s = scores.shape[-2:]
-    if causal:
-        keep = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(s - t)
+    if causal:  # aligned at the top left when t != s, as F.scaled_dot_product_attention's is_causal
+        keep = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
@@ -57,6 +70,18 @@ def _mask(scores: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optiona
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, None, None, :].bool(), float("-inf"))
     return scores
+
+
+def products(qk: nn.Module, pv: nn.Module, q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
+             key_padding_mask: Optional[Tensor], causal: bool, scale: Optional[float],
+             dropout_p: float) -> tuple[Tensor, Tensor]:
+    """``(pv(p, v), p)`` with ``p = softmax(qk(q, k^T) * scale + masks)`` for (N, H, T, d) inputs; the
+    default ``scale`` is ``d**-0.5``, applied after the product; dropout on ``p`` when ``dropout_p``."""
+    scores = qk(q, k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    p = torch.softmax(_mask(scores, attn_mask, key_padding_mask, causal), dim=-1)
+    if dropout_p:
+        p = F.dropout(p, dropout_p)
+    return pv(p, v), p
 
 
 class Attention(nn.Module):
@@ -82,12 +107,9 @@ class Attention(nn.Module):
                key_padding_mask: Optional[Tensor] = None, causal: Optional[bool] = None):
         """(output before ``proj`` as (N, T, dim), probabilities (N, H, T, S)) of projected q, k, v."""
         q, k, v = self._split(q), self._split(k), self._split(v)
-        scores = self.qk(q, k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
-        scores = _mask(scores, attn_mask, key_padding_mask, self.causal if causal is None else causal)
-        p = torch.softmax(scores, dim=-1)
-        if self.dropout and self.training:
-            p = F.dropout(p, self.dropout)
-        out = self.pv(p, v).transpose(1, 2)
+        out, p = products(self.qk, self.pv, q, k, v, attn_mask, key_padding_mask,
+                          self.causal if causal is None else causal, None, self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2)
         return out.reshape(out.shape[0], out.shape[1], self.dim), p
 
     def forward(self, x: Tensor, attn_mask: Optional[Tensor] = None,
@@ -162,3 +184,71 @@ class MultiheadAttention(Attention):
             return out, None
         weights = p.mean(dim=1) if average_attn_weights else p
         return out, (weights if batched else weights.squeeze(0))
+
+
+class _Route(TorchFunctionMode):
+    """While active, ``F.scaled_dot_product_attention(...)`` is ``products`` with ``module``'s
+    ``qk`` and ``pv``; every other function runs unchanged."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        return _sdpa(self.module, *args, **kwargs)
+
+
+def _sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+          dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+          enable_gqa: bool = False) -> Tensor:
+    if enable_gqa and key.shape[-3] != query.shape[-3]:  # grouped query attention: each key head serves a group
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
+    return products(module.qk, module.pv, query, key, value, attn_mask, None, is_causal, scale, dropout_p)[0]
+
+
+def _enter(module: nn.Module, args) -> None:
+    route = _Route(module)
+    route.__enter__()
+    module._bfp_routes.append(route)
+
+
+def _leave(module: nn.Module, args, output) -> None:
+    module._bfp_routes.pop().__exit__(None, None, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _source_calls_sdpa(cls: type) -> bool:
+    try:
+        return "scaled_dot_product_attention" in inspect.getsource(cls)
+    except (OSError, TypeError):  # defined in an interpreter session: no source to read
+        return False
+
+
+def _calls_sdpa(module: nn.Module) -> bool:
+    """Whether ``module``'s class, or a class it inherits from outside PyTorch, calls SDPA."""
+    if isinstance(module, Attention):
+        return False
+    return any(_source_calls_sdpa(c) for c in type(module).__mro__
+               if c is not object and not c.__module__.startswith("torch"))
+
+
+def route_sdpa(model: nn.Module) -> nn.Module:
+    """Give every module of ``model`` whose class calls ``F.scaled_dot_product_attention`` the
+    named products ``qk`` and ``pv`` and route the call through them (module docstring); a
+    module already routed is left as it is. Returns ``model``."""
+    for name, module in model.named_modules():
+        if not _calls_sdpa(module) or hasattr(module, "_bfp_routes"):
+            continue
+        taken = [n for n in ("qk", "pv") if hasattr(module, n)]
+        if taken:
+            raise ValueError(f"{name or type(module).__name__} calls F.scaled_dot_product_attention but already "
+                             f"has {taken}: the names its products would take")
+        module.qk, module.pv = Matmul(), Matmul()
+        module._bfp_routes = []
+        module.register_forward_pre_hook(_enter)
+        module.register_forward_hook(_leave, always_call=True)
+    return model

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch.nn as nn
 
 from . import layers as L
-from .attention import MultiheadAttention
+from .attention import MultiheadAttention, route_sdpa
 from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
                      legacy_dict, legacy_entry, load_config)
 from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
@@ -90,7 +90,7 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
     cfg = load_config(config)
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
-    model = _named_attention(model)
+    model = route_sdpa(_named_attention(model))
     layers = convertible_layers(model)
     if getattr(model, "bfp_config_renames", ()):  # torchvision models: CIFAR preset names (bfp.config.rename)
         cfg = adapt_names(cfg, model.bfp_config_renames, layers)
