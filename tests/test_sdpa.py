@@ -100,3 +100,10 @@ def test_a_module_whose_product_names_are_taken_is_refused():
             self.qk = nn.Identity()
     with pytest.raises(ValueError, match="calls F.scaled_dot_product_attention but already has \\['qk'\\]"):
         route_sdpa(nn.Sequential(Clash()))
+
+
+def test_a_rule_for_the_probabilities_says_where_they_are():
+    from bfp.config import ConfigError
+    with pytest.raises(ConfigError, match=r"'\*\.attn\.p': matches no convertible layer .*they are the fi point "
+                                          r"of the pv product, e.g. \*\.attn\.pv, and their gradient its bio"):
+        convert(Net(), {"version": 1, "rules": [{"match": "*.attn.p", "precision": {"fi": "fp8_e4m3"}}]})

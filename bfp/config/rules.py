@@ -161,8 +161,11 @@ class NetConfig:
                                 f"(convertible: {', '.join(CONVERTIBLE_TYPES)})")
             else:
                 typed = f" of type {'/'.join(rule.types)}" if rule.types else ""
+                probs = (" (attention probabilities have no layer of their own: they are the fi point of "
+                         "the pv product, e.g. *.attn.pv, and their gradient its bio)"
+                         if plain.endswith(".p") and any(n.endswith(".pv") for n in layers) else "")
                 problems.append(f"{what}: matches no convertible layer{typed} of the model"
-                                f"{_suggest(plain, layers)}")
+                                f"{_suggest(plain, layers)}{probs}")
         for name, type_name in layers.items():
             self._check_axes(name, type_name, out[name])
         if problems:
