@@ -2,7 +2,7 @@
 
 Layers (each knows only the one below it):
 
-    formats      bfp.formats     Float, BlockFloat, MX, format_from_name; bfp.nvfp4: NVFP4
+    formats      bfp.formats     Float, BlockFloat, format_from_name; bfp.mx: MX; bfp.nvfp4: NVFP4
     kernels      bfp.kernels     quantize (PyTorch reference, Numba CPU, Numba CUDA)
     layers       bfp.functional, bfp.layers, bfp.accumulate
     conversion   bfp.config, bfp.conversion
@@ -11,8 +11,9 @@ Layers (each knows only the one below it):
 """
 from importlib import import_module
 
-from .formats import (BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding,
-                      format_from_dict, format_from_name, format_names)
+from .formats import (BlockFloat, Encoding, Float, Format, Overflow, Rounding, format_from_dict, format_from_name,
+                      format_names)
+from .mx import MX
 from .nvfp4 import NVFP4
 from .scaled import Scaled
 from .kernels import quantize, zero_setting_error

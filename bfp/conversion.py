@@ -22,7 +22,8 @@ from . import layers as L
 from .attention import MultiheadAttention, route_sdpa
 from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
                      legacy_dict, legacy_entry, load_config)
-from .formats import MX, BlockFloat, Float, Format, format_names, format_from_name
+from .formats import BlockFloat, Float, Format, format_names, format_from_name
+from .mx import MX
 from .nvfp4 import NVFP4
 from .scaled import Scaled
 from .precision import POINTS, LayerPrecision

@@ -1,7 +1,7 @@
 """Number formats: small immutable values that say *what* to round to.
 
 Formats know nothing about kernels; ``bfp.quantize`` (``bfp/kernels``) takes a
-format and rounds a tensor to it.  Three families cover everything:
+format and rounds a tensor to it. Two families live here:
 
 ``Float(exp, man)``
     Any sign/exponent/mantissa float with 1 <= exp <= 8, 0 <= man <= 23
@@ -9,20 +9,20 @@ format and rounds a tensor to it.  Three families cover everything:
 ``BlockFloat(bits, group)``
     Block floating point of the original BFP simulator (FlexBlock): one shared
     exponent per tile of ``group`` shape, ``bits`` magnitude bits per element.
-``MX(element, block, axis)``
-    OCP Microscaling v1.0: an E8M0 power-of-two scale per ``block`` elements
-    along ``axis``, elements in a small Float (or INT8).
+Families built on these live in their own modules and register their presets and
+``to_dict`` kind here (``register_family``): ``bfp.mx.MX`` (OCP Microscaling v1.0: an
+E8M0 power-of-two scale per block, elements in a small Float or INT8),
+``bfp.nvfp4.NVFP4`` and ``bfp.scaled.Scaled``.
 
 Every numeric rule (rounding, subnormals, overflow, NaN/Inf) is stated in the
 class docstrings below and in ``docs/formats.md``.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Union
+from typing import Any, Callable, Optional, Union
 
 
 class Rounding(str, Enum):
@@ -263,12 +263,6 @@ class BlockFloat(Format):
                 "rounding": self.rounding.value}
 
 
-INT8 = "int8"
-
-
-MX_SCALE_MODES = ("floor", "ceil", "even", "rceil")
-
-
 def block_shape(block: Any, what: str) -> Union[int, tuple[int, ...]]:
     """A block size, or a tuple of them (a 2-D block, the last entry along the format's axis);
     a one-entry list is the plain size. ``ValueError`` naming ``what`` otherwise."""
@@ -280,100 +274,6 @@ def block_shape(block: Any, what: str) -> Union[int, tuple[int, ...]]:
         return int(block[0]) if len(block) == 1 else tuple(block)
     _int_in(block, 1, 2 ** 31 - 1, f"{what} block")
     return block
-
-
-@dataclass(frozen=True)
-class MX(Format):
-    """OCP Microscaling (MX v1.0) block format.
-
-    ``block`` consecutive elements along ``axis`` (aligned from index 0; the tail
-    block is smaller) share an E8M0 scale ``2**s`` with
-    ``s = floor(log2(amax)) - emax_elem`` clamped to E8M0's ``[-127, 127]``,
-    ``amax`` the largest finite magnitude of the block. Each element is then
-    ``element`` rounded as ``Float`` rounds, scaled by ``2**s`` (exactly: no
-    division happens), with its rounding (nearest-even by default), its
-    subnormals, and saturation to ``±max * 2**s``. ``element="int8"`` is
-    MXINT8: two's complement with an implicit ``2**-6``, i.e. magnitudes
-    rounded to multiples of ``2**(s-6)`` and clamped to ``127 * 2**(s-6)``
-    (``emax_elem = 0``).
-
-    ``block`` may be a tuple (a 2-D block, e.g. ``(16, 16)``): its last entry runs along
-    ``axis``, the one before along ``axis - 1``, and so on; the block's elements share one
-    scale. A weight and its transpose then see the same tiles (the NVFP4 recipe's 16x16
-    weight blocks).
-
-        ``scale_mode`` chooses how the scale follows ``amax`` (the E8M0 clamp comes after):
-
-    * ``"floor"`` (OCP MX v1.0): ``s = floor(log2 amax) - emax_elem``. The block
-      maximum lands in the element's top binade and may exceed the element's
-      largest value (E4M3: up to ~1.99 x 2^8 against 448 = 1.75 x 2^8): it saturates.
-    * ``"ceil"``: ``s = ceil(log2 amax) - emax_elem``, one binade up unless amax is
-      a power of two: nothing saturates, small values lose a bit more.
-    * ``"even"``: ``amax`` first rounded to the element's mantissa bits (half up,
-      microxcaling/torchao "EVEN"), then floor: one binade up exactly when amax
-      would round into the next binade.
-    * ``"rceil"`` (NVIDIA's MXFP8 recipe, cuBLAS block scaling):
-      ``s = ceil(log2(amax / element max))``, the smallest scale at which the
-      block maximum fits without saturating. Computed exactly here; torchao
-      forms ``amax * (1/max)`` in float32 first, which can differ by one binade
-      where that product rounds across a power of two.
-
-    Blocks of zeros are left alone. NaN and ±Inf do not take part in ``amax``;
-    NaN stays NaN and Inf becomes NaN (MX elements have no Inf). Unlike the OCP
-    spec, which would make the whole block NaN, the finite members are kept:
-    a simulator should not hide where a non-finite value came from.
-    """
-
-    element: Union[Float, str]
-    block: int = 32
-    axis: int = -1
-    scale_mode: str = "floor"
-
-    def __post_init__(self):
-        el = self.element
-        if isinstance(el, str) and el != INT8:
-            el = format_from_name(el)
-            if not isinstance(el, Float):
-                raise ValueError(f"MX element must be a Float format or 'int8', got {self.element!r}")
-        if not (isinstance(el, Float) or el == INT8):
-            raise ValueError(f"MX element must be a Float format or 'int8', got {el!r}")
-        if isinstance(el, Float) and el.overflow is not Overflow.SATURATE:
-            raise ValueError("MX elements saturate (OCP MX v1.0): use overflow='saturate'")
-        object.__setattr__(self, "element", el)
-        object.__setattr__(self, "block", block_shape(self.block, "MX"))
-        if self.scale_mode not in MX_SCALE_MODES:
-            raise ValueError(f"MX scale_mode {self.scale_mode!r} unknown; allowed: {', '.join(MX_SCALE_MODES)}")
-        if isinstance(self.axis, bool) or not isinstance(self.axis, int):
-            raise ValueError(f"MX axis must be an integer, got {self.axis!r}")
-
-    @property
-    def rounding(self) -> Rounding:
-        return self.element.rounding if isinstance(self.element, Float) else Rounding.NEAREST
-
-    @property
-    def emax_elem(self) -> int:
-        return self.element.emax if isinstance(self.element, Float) else 0
-
-    @property
-    def element_max(self) -> float:
-        """Largest element magnitude before the block scale ``2**s``: the Float's ``max``,
-        or MXINT8's ``127 * 2**-6``."""
-        return self.element.max if isinstance(self.element, Float) else 127 * 2.0 ** -6
-
-    def __repr__(self) -> str:
-        el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"
-        rnd = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
-        sm = "" if self.scale_mode == "floor" else f", scale_mode={self.scale_mode}"
-        block = "x".join(map(str, self.block)) if isinstance(self.block, tuple) else self.block
-        return f"MX({el}, block={block}, axis={self.axis}{rnd}{sm})"
-
-    def to_dict(self) -> dict[str, Any]:
-        el = self.element if self.element == INT8 else self.element.to_dict()
-        d = {"kind": "mx", "element": el, "block": list(self.block) if isinstance(self.block, tuple) else self.block,
-             "axis": self.axis}
-        if self.scale_mode != "floor":  # older saved dicts have none: floor
-            d["scale_mode"] = self.scale_mode
-        return d
 
 
 # -- named presets -----------------------------------------------------------------
@@ -392,12 +292,6 @@ def _presets() -> dict[str, Format]:
         "float4_e2m1fn": Float(2, 1, encoding=fin),
     }
     f.update({
-        "mxfp8_e4m3": MX(f["float8_e4m3fn"]),
-        "mxfp8_e5m2": MX(f["float8_e5m2"]),
-        "mxfp6_e3m2": MX(f["float6_e3m2fn"]),
-        "mxfp6_e2m3": MX(f["float6_e2m3fn"]),
-        "mxfp4_e2m1": MX(f["float4_e2m1fn"]),
-        "mxint8": MX(INT8),
         # The original simulator's presets: FB12 / FB16 / FB24.
         "fb12": BlockFloat(4, (1, 24, 3, 3)),
         "fb16": BlockFloat(8, (1, 12, 3, 3)),
@@ -413,15 +307,24 @@ _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "f
             "e2m1": "float4_e2m1fn", "fp4": "float4_e2m1fn"}
 
 
-_FAMILIES: dict[str, type] = {}  # to_dict kind -> class, of families defined in other modules
+_FAMILIES: dict[str, Callable[..., "Format"]] = {}  # to_dict kind -> constructor, of families in other modules
+_NAMERS: list[Callable[[str], Optional["Format"]]] = []  # names beyond the presets (mxfp8_e4m3_rceil)
+_NAME_HINTS: list[str] = []
 
 
-def register_family(kind: str, cls: type, presets: dict[str, "Format"]) -> None:
-    """A format family defined in its own module (``bfp.nvfp4``): its ``to_dict`` kind, for
-    ``format_from_dict``, and its named presets, for ``format_from_name``."""
-    _FAMILIES[kind] = cls
+def register_family(kind: str, make: Callable[..., "Format"], presets: dict[str, "Format"], *,
+                    by_name: Optional[Callable[[str], Optional["Format"]]] = None, name_hint: str = "") -> None:
+    """A format family defined in its own module (``bfp.mx``, ``bfp.nvfp4``): ``make(**d)`` builds
+    one from its ``to_dict`` without ``kind`` (``format_from_dict``); its named presets and
+    ``by_name(key)``, a format for a lower-case name that is no preset (or None), serve
+    ``format_from_name``; ``name_hint`` is added to its unknown-name error."""
+    _FAMILIES[kind] = make
     format_names()
     _PRESETS.update(presets)
+    if by_name is not None:
+        _NAMERS.append(by_name)
+    if name_hint:
+        _NAME_HINTS.append(name_hint)
 
 
 def format_names() -> list[str]:
@@ -443,13 +346,14 @@ def format_from_name(name: str) -> Format:
     key = _ALIASES.get(key, key)
     if key in _PRESETS:
         return _PRESETS[key]
-    base, _, mode = key.rpartition("_")  # an MX preset with a scale mode: mxfp8_e4m3_rceil
-    if mode in MX_SCALE_MODES and isinstance(_PRESETS.get(_ALIASES.get(base, base)), MX):
-        return dataclasses.replace(_PRESETS[_ALIASES.get(base, base)], scale_mode=mode)
+    for by_name in _NAMERS:
+        fmt = by_name(key)
+        if fmt is not None:
+            return fmt
     close = difflib.get_close_matches(key, names + list(_ALIASES), n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise ValueError(f"unknown format name {name!r}{hint}; known: {', '.join(names)} (an MX name may end "
-                     f"in a scale mode: _{', _'.join(MX_SCALE_MODES)}, e.g. mxfp8_e4m3_rceil)")
+    raise ValueError(f"unknown format name {name!r}{hint}; known: {', '.join(names)}"
+                     + "".join(f" ({h})" for h in _NAME_HINTS))
 
 
 def format_from_dict(d: dict[str, Any]) -> Format:
@@ -463,12 +367,9 @@ def format_from_dict(d: dict[str, Any]) -> Format:
             return Float(**d)
         if kind == "blockfloat":
             return BlockFloat(**d)
-        if kind == "mx":
-            el = d.pop("element")
-            return MX(el if el == INT8 else format_from_dict(el), **d)
         if kind in _FAMILIES:
             return _FAMILIES[kind](**d)
     except TypeError as e:  # unknown or missing keys
         raise ValueError(f"bad {kind} format dict {d!r}: {e}") from None
-    raise ValueError(f"unknown format kind {kind!r}; allowed: 'float', 'blockfloat', 'mx'"
+    raise ValueError(f"unknown format kind {kind!r}; allowed: 'float', 'blockfloat'"
                      + "".join(f", {k!r}" for k in _FAMILIES))

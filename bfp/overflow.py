@@ -45,7 +45,8 @@ from typing import Iterator, Optional
 
 import torch
 
-from .formats import MX, BlockFloat, Float, Format
+from .formats import BlockFloat, Float, Format
+from .mx import MX
 from .nvfp4 import NVFP4
 from .scaled import Scaled
 

@@ -13,7 +13,8 @@ from bfp.cli.flags import build_parser
 from bfp.cli.tasks import TASKS
 from bfp.data import cifar as D
 from bfp.engine.step import PlainStep
-from bfp.formats import MX, BlockFloat, format_from_name
+from bfp.formats import BlockFloat, format_from_name
+from bfp.mx import MX
 from bfp.kernels import quantize
 from bfp.layers import QLinear
 from bfp.overflow import OverflowFlag, overflow_limit, watching

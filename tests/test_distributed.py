@@ -13,7 +13,8 @@ import torch
 from bfp.distributed import env as dist_env
 from bfp.distributed.reduce import RoundedReduce, aps_shift, check_grad_format, ring_owner
 from bfp.data import cifar as data_mod
-from bfp.formats import MX, Float, format_from_name
+from bfp.formats import Float, format_from_name
+from bfp.mx import MX
 from bfp.kernels import quantize as bfp_quantize
 from bfp.optim.lars import LARS
 

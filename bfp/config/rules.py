@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ..formats import MX
+from ..mx import MX
 from ..nvfp4 import NVFP4
 from ..scaled import Scaled
 from ..layers import CONVERTIBLE

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional, Union
 
-from ..formats import MX, BlockFloat, Float, Format, format_from_dict, format_from_name
+from ..formats import BlockFloat, Float, Format, format_from_dict, format_from_name
+from ..mx import MX
 from ..nvfp4 import NVFP4
 from ..scaled import Scaled
 from ..precision import (BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict,

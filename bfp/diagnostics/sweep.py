@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import MX, BlockFloat, Encoding, Float
+from ..formats import BlockFloat, Encoding, Float
+from ..mx import MX
 from ..kernels import quantize
 from ..precision import POINTS
 from .points import PointDiagnostics, _Sums, measure_step

@@ -75,7 +75,8 @@ from typing import Optional
 
 import torch
 
-from ..formats import MX, BlockFloat, Float, Format, Rounding
+from ..formats import BlockFloat, Float, Format, Rounding
+from ..mx import MX
 from ..nvfp4 import NVFP4
 from ..kernels import quantize
 from ..kernels.plan import tile_for

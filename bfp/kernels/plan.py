@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from ..formats import INT8, BlockFloat, Encoding, Float, Format, MX, Overflow, Rounding
+from ..formats import BlockFloat, Encoding, Float, Format, Overflow, Rounding
+from ..mx import INT8, MX
 
 KIND_FLOAT, KIND_FIXED = 0, 1
 MODE = {Rounding.TRUNCATE: 0, Rounding.NEAREST: 1, Rounding.STOCHASTIC: 2}
