@@ -25,7 +25,7 @@ from ..distributed.emulated import EmulatedStep
 from ..distributed.reduce import RoundedReduce, check_grad_format
 from ..engine.step import PlainStep
 from ..formats import Float, Format, format_from_name
-from ..optim import OptimizerFactory, lars, sgd
+from ..optim import FACTORIES, OptimizerFactory, lars
 from .flags import UsageError
 
 
@@ -104,5 +104,5 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
         step = EmulatedStep(args.emulate_node, reduce)
     else:
         step = PlainStep()
-    factory = functools.partial(lars, trust_coefficient=args.lars_trust) if args.use_lars else sgd
+    factory = functools.partial(lars, trust_coefficient=args.lars_trust) if args.use_lars else FACTORIES[args.optimizer]
     return DistSetup(e, device, step, factory, reduce)

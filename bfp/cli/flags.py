@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from ..amp import COMPUTE_DTYPES
+from ..optim import OPTIMIZERS
 from ..data import cifar as data_mod
 from .amp_flags import add_amp_flags
 from .helpformat import HelpFormatter
@@ -117,9 +118,13 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                         f"{task.default_epochs} otherwise)")
     g.add_argument("--batch-size-train", type=int, default=128, help="images per training step")
     g.add_argument("--batch-size-test", type=int, default=256, help="images per evaluation batch")
-    g.add_argument("--optim-lr", type=float, default=0.1, help="peak learning rate (SGD)")
-    g.add_argument("--optim-momentum", type=float, default=0.9, help="SGD momentum")
-    g.add_argument("--optim-weight-decay", type=float, default=5e-4, help="SGD weight decay (L2)")
+    g.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                   help="sgd: SGD with momentum and L2 weight decay (the original's); adamw: AdamW, "
+                        "--optim-momentum as beta1, decoupled weight decay (bfp.optim)")
+    g.add_argument("--optim-lr", type=float, default=0.1, help="peak learning rate")
+    g.add_argument("--optim-momentum", type=float, default=0.9, help="SGD momentum; AdamW's beta1")
+    g.add_argument("--optim-weight-decay", type=float, default=5e-4,
+                   help="weight decay (SGD: L2 in the gradient; AdamW: decoupled)")
     g.add_argument("--warmup-epochs", type=float, default=0.0,
                    help="linear learning-rate warm-up before the cosine decay (fractions allowed)")
     g.add_argument("--label-smoothing", type=float, default=0.0, help="cross-entropy label smoothing")

@@ -69,6 +69,8 @@ class LMHooks(TaskHooks):
         g.add_argument("--block-size", type=int, default=64, help="characters of context per window")
         g.add_argument("--sample-chars", type=int, default=200,
                        help="characters sampled after each epoch (0: none)")
+        # a transformer's usual optimizer: AdamW at 3e-3 with decoupled decay 0.01
+        parser.set_defaults(optimizer="adamw", optim_lr=3e-3, optim_weight_decay=0.01)
 
     def canonical_model(self, name: str) -> str:
         if str(name).lower() != "gpt":

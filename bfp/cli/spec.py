@@ -142,6 +142,9 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
             check_hyperparam(name, value, flag)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    if args.use_lars and args.optimizer != "sgd":
+        raise UsageError(f"--use-lars scales SGD's steps layer by layer; it does not combine with --optimizer "
+                         f"{args.optimizer}: leave one out")
     if not (math.isfinite(args.lars_trust) and args.lars_trust >= 0):
         raise UsageError(f"--lars-trust must be a finite number >= 0, got {args.lars_trust}")
     if args.diagnose < 0:

@@ -61,7 +61,7 @@ LM = Task(
                 "source, offline) in FP32, mixed precision or simulated low precision; reports loss, bits per "
                 "character and next-character accuracy, samples text after each epoch, and logs the run under "
                 "runs/<name>/ as cifar.py's.",
-    default_dataset="pysrc", default_model="GPT", default_epochs=3, default_classes=128, hooks=LMHooks())
+    default_dataset="pysrc", default_model="GPT", default_epochs=5, default_classes=128, hooks=LMHooks())
 
 TASKS: dict[str, Task] = {t.name: t for t in (CIFAR, IMAGENET, LM)}
 

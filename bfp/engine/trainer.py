@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import optim
-from ..optim import check_hyperparam
+from ..optim import check_hyperparam, set_momentum
 from ..amp import MixedPrecision, check_compute_dtype
 from ..conversion import conversion_report, convert, load_precision_state, precision_state
 from . import checkpoint as ckpt
@@ -187,6 +187,8 @@ class Trainer:
         for k, v in self.plan.optimizer.get(epoch, {}).items():
             if k == "lr":
                 self.schedule.set_base_lr(v)  # position in the schedule is kept
+            elif k == "momentum":
+                set_momentum(self.optimizer, v)
             else:
                 for g in self.optimizer.param_groups:
                     g[k] = v

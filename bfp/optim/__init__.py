@@ -4,6 +4,11 @@ A ``Trainer`` is given a factory rather than an optimizer so it can build the
 optimizer over the parameters of the model it was handed (after conversion,
 which keeps the Parameter objects). ``config`` is the run's ``TrainConfig``
 (``lr``, ``momentum``, ``weight_decay``, ``nesterov``).
+
+    sgd     SGD with momentum and L2 weight decay (the original simulator's)
+    adamw   AdamW: ``momentum`` is beta1 (beta2 0.999, eps 1e-8), weight decay decoupled
+            and applied to every parameter; what transformers are usually trained with
+    lars    SGD with a layer-wise trust ratio (``bfp.optim.lars``)
 """
 from __future__ import annotations
 
@@ -47,4 +52,19 @@ def sgd(params: Iterable[torch.nn.Parameter], config: Any) -> torch.optim.SGD:
                            weight_decay=config.weight_decay, nesterov=config.nesterov)
 
 
-FACTORIES: dict[str, OptimizerFactory] = {"sgd": sgd, "lars": lars}
+def adamw(params: Iterable[torch.nn.Parameter], config: Any) -> torch.optim.AdamW:
+    """AdamW with beta1 = ``config.momentum`` (a plan's ``momentum`` entry sets beta1 too: ``set_momentum``)."""
+    return torch.optim.AdamW(params, lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)
+
+
+def set_momentum(optimizer: torch.optim.Optimizer, value: float) -> None:
+    """Set every parameter group's momentum: SGD's ``momentum``, Adam's beta1."""
+    for g in optimizer.param_groups:
+        if "betas" in g:
+            g["betas"] = (value, g["betas"][1])
+        else:
+            g["momentum"] = value
+
+
+FACTORIES: dict[str, OptimizerFactory] = {"sgd": sgd, "adamw": adamw, "lars": lars}
+OPTIMIZERS = ("sgd", "adamw")  # what --optimizer chooses (LARS is --use-lars, on SGD)
