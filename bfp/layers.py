@@ -17,7 +17,7 @@ Parameter objects, so optimizers, weight tying and checkpoints are unaffected.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -29,7 +29,8 @@ from .formats import Format, format_from_name
 from .precision import LayerPrecision
 from .scaled import Scaled
 
-__all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "CONVERTIBLE", "QUANTIZED_TYPES"]
+__all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "CONVERTIBLE", "QUANTIZED_TYPES",
+           "chain_quantize_hooks", "restore_quantize_hooks"]
 
 
 def _check_precision(precision: Optional[LayerPrecision]) -> LayerPrecision:
@@ -211,3 +212,18 @@ class QMatmul(_QuantizedMixin, nn.Module):
 CONVERTIBLE: dict[type, type] = {nn.Conv1d: QConv1d, nn.Conv2d: QConv2d, nn.Linear: QLinear, Matmul: QMatmul}
 # The torch.nn layers among them (Matmul is bfp's own module).
 QUANTIZED_TYPES = {f: q for f, q in CONVERTIBLE.items() if f is not Matmul}
+
+
+def chain_quantize_hooks(layers: Mapping[str, nn.Module], make: Callable[[str, Any], Any]) -> dict[str, Any]:
+    """Give each layer of ``layers`` the quantize hook ``make(name, previous)`` (``previous``: the hook it
+    had, for the new one to call on); returns the previous hooks, for ``restore_quantize_hooks``."""
+    saved = {n: getattr(m, "quantize_hook", None) for n, m in layers.items()}
+    for name, module in layers.items():
+        module.quantize_hook = make(name, saved[name])
+    return saved
+
+
+def restore_quantize_hooks(layers: Mapping[str, nn.Module], saved: Mapping[str, Any]) -> None:
+    """Give the layers back the hooks ``chain_quantize_hooks`` returned."""
+    for name, module in layers.items():
+        module.quantize_hook = saved[name]

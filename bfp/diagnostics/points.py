@@ -35,7 +35,7 @@ import torch
 from ..conversion import short_format
 from ..formats import Float, Rounding
 from ..kernels import quantize_stats
-from ..layers import CONVERTIBLE
+from ..layers import CONVERTIBLE, chain_quantize_hooks, restore_quantize_hooks
 from ..precision import POINTS
 
 MEASURES = ("sqnr_db", "rel_l2", "flushed", "saturated", "range_use")
@@ -133,9 +133,7 @@ class PointDiagnostics:
         # looked up at every arm: a precision schedule may have converted more layers since
         self.layers = {n: m for n, m in self.model.named_modules() if isinstance(m, _Q_TYPES)}
         self._sums, self._seen, self.kept = {}, {}, {}
-        self._saved = {n: m.quantize_hook for n, m in self.layers.items()}
-        for name, m in self.layers.items():
-            m.quantize_hook = self._hook(name, self._saved[name])
+        self._saved = chain_quantize_hooks(self.layers, self._hook)
 
     def _hook(self, name: str, previous):
         def hook(layer, point, tensor, fmt):
@@ -172,8 +170,7 @@ class PointDiagnostics:
         """Restore the layers' hooks; the rows measured since ``arm``, in layer then point order."""
         if self._saved is None:
             return []
-        for name, m in self.layers.items():
-            m.quantize_hook = self._saved[name]
+        restore_quantize_hooks(self.layers, self._saved)
         self._saved, self._seen = None, {}
         order = {n: i for i, n in enumerate(self.layers)}
         keys = sorted(self._sums, key=lambda k: (order[k[0]], POINTS.index(k[1])))

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from ..kernels import quantize_stats
+from ..layers import chain_quantize_hooks, restore_quantize_hooks
 from ..precision import POINTS
 
 _POINT_INDEX = {p: i for i, p in enumerate(POINTS)}
@@ -44,16 +45,13 @@ class ZseMeter:
         """Set the quantize hook on every managed layer (idempotent)."""
         if self._saved_hooks is not None:
             return
-        self._saved_hooks = {n: getattr(m, "quantize_hook", None) for n, m in self.layers.items()}
-        for name, module in self.layers.items():
-            module.quantize_hook = self._make_hook(self._saved_hooks[name])
+        self._saved_hooks = chain_quantize_hooks(self.layers, lambda name, previous: self._make_hook(previous))
 
     def remove(self) -> None:
         """Give the layers back the hooks they had before ``install``."""
         if self._saved_hooks is None:
             return
-        for name, module in self.layers.items():
-            module.quantize_hook = self._saved_hooks[name]
+        restore_quantize_hooks(self.layers, self._saved_hooks)
         self._saved_hooks = None
 
     def _make_hook(self, previous):
