@@ -6,8 +6,9 @@ so transforming both inputs of ``dW = dY^T X`` along the reduction axis (tokens 
 blocks of ``b`` leaves the product unchanged: ``(H dY)^T (H X) = dY^T X``. Quantizing the
 transformed operands (``bwo``, ``bwi``) spreads outliers over a block before they are rounded,
 which is why the recipe does it. Rows past the last whole block are zero-padded (zeros add
-nothing to the product). The transform itself is float32 arithmetic: with every point off
-the weight gradient equals PyTorch's within float32 rounding, not bit for bit.
+nothing to the product). The transform is the fast Walsh-Hadamard transform (butterflies,
+``transform_rows``) in the tensor's dtype: with every point off the weight gradient equals
+PyTorch's within float32 rounding, not bit for bit.
 """
 from __future__ import annotations
 
@@ -33,13 +34,51 @@ def matrix(rht: Hadamard, dtype=torch.float64, device="cpu") -> torch.Tensor:
     return _matrix(rht.block, rht.seed).to(dtype=dtype, device=device)
 
 
+@functools.lru_cache(maxsize=32)
+def _factor(block: int, seed: int) -> torch.Tensor:
+    """Row ``i``'s factor ``s_i / sqrt(block)`` (float64, CPU)."""
+    return _matrix(block, seed)[:, 0].clone()
+
+
+def factor(rht: Hadamard, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    return _factor(rht.block, rht.seed).to(dtype=dtype, device=device)
+
+
+def butterflies(blocks: torch.Tensor) -> torch.Tensor:
+    """``W_b`` (Sylvester) applied along dim -2 of ``blocks`` (``..., b, C``) by the fast
+    Walsh-Hadamard transform: ``log2 b`` stages, each pairing rows ``j`` and ``j + h`` in
+    groups of ``2h`` (``h`` = 1, 2, 4 ...) into ``u + v`` and ``u - v``, in the dtype of
+    ``blocks``. This order is the transform's definition: the Numba kernel follows it."""
+    b, c = blocks.shape[-2], blocks.shape[-1]
+    lead = blocks.shape[:-2]
+    h = 1
+    while h < b:
+        x = blocks.reshape(*lead, b // (2 * h), 2, h, c)
+        u, v = x[..., 0, :, :], x[..., 1, :, :]
+        blocks = torch.stack((u + v, u - v), dim=-3).reshape(*lead, b, c)
+        h *= 2
+    return blocks
+
+
 def transform_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
     """``H`` applied to the rows (dim -2) of ``t`` in blocks of ``rht.block``, zero-padding the
-    last block; the result has ``ceil(rows / block) * block`` rows."""
+    last block; the result has ``ceil(rows / block) * block`` rows. The arithmetic: the
+    butterflies of ``butterflies`` in ``t``'s dtype, then row ``i`` times ``s_i / sqrt(block)``
+    rounded to that dtype once (exact for block 4, 16, 64, 256: a power of two). A contiguous
+    CPU float32 ``t`` runs the Numba kernel (``bfp.kernels.hadamard_cpu``), the same bits."""
+    f = factor(rht, t.dtype, t.device)
+    if t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() >= 2:
+        from .kernels import hadamard_cpu  # Numba loads on first use
+        return hadamard_cpu.transform_rows(t.contiguous(), f)
+    return reference_rows(t, rht)
+
+
+def reference_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
+    """``transform_rows`` in PyTorch steps (any dtype and device)."""
     rows, b = t.shape[-2], rht.block
     pad = (-rows) % b
     if pad:
         t = torch.nn.functional.pad(t, (0, 0, 0, pad))
-    blocks = t.reshape(*t.shape[:-2], -1, b, t.shape[-1])
-    h = matrix(rht, t.dtype, t.device)
-    return torch.matmul(h, blocks).reshape(*t.shape[:-2], -1, t.shape[-1])
+    blocks = butterflies(t.reshape(*t.shape[:-2], -1, b, t.shape[-1]))
+    out = blocks * factor(rht, t.dtype, t.device)[:, None]
+    return out.reshape(*t.shape[:-2], -1, t.shape[-1])

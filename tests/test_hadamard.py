@@ -2,6 +2,7 @@
 Sylvester matrix with a seeded sign per row, cancelling in dW = dY^T X (equal to PyTorch within
 float32 rounding with every point off), applied before bwo/bwi round (checked bit for bit
 against the dataflow written here), configurable, saved with the precision, refused on convs."""
+import numpy as np
 import pytest
 import scipy.linalg
 import torch
@@ -11,7 +12,7 @@ import bfp.models
 from bfp import LayerPrecision, format_from_name, quantize
 from bfp.config import ConfigError
 from bfp.config.specs import parse_precision
-from bfp.hadamard import matrix, transform_rows
+from bfp.hadamard import factor, matrix, reference_rows, transform_rows
 from bfp.layers import QLinear
 from bfp.precision import Hadamard
 
@@ -55,13 +56,10 @@ def test_the_points_round_the_transformed_inputs_then_the_gemm_runs():
     rows = bfp.MX(fmt.element, block=16, axis=-2)
     p = LayerPrecision(bwo=rows, bwi=rows, bwg=format_from_name("bfloat16"), rht=Hadamard(16, seed=7))
     _, _, gw = _grads(p, x, w, g)
-    # written out: rows of both inputs, zero-padded to 48, H per block of 16 (Sylvester x signs)
-    signs = (matrix(Hadamard(16, seed=7)) * 4 / torch.from_numpy(scipy.linalg.hadamard(16)).double())[:, 0]
-    h = (signs[:, None] * torch.from_numpy(scipy.linalg.hadamard(16)).double() / 4).float()
-
+    # written out: rows of both inputs, zero-padded to 48, H per block of 16 (butterflies x signs / 4)
     def hx(t):
         t = torch.nn.functional.pad(t.reshape(-1, t.shape[-1]), (0, 0, 0, 48 - 38))
-        return torch.matmul(h, t.reshape(3, 16, -1)).reshape(48, -1)
+        return torch.from_numpy(_fwht_oracle(t.numpy(), Hadamard(16, seed=7)))
     want = quantize(quantize(hx(g), rows).t().mm(quantize(hx(x), rows)), format_from_name("bfloat16"))
     assert torch.equal(gw, want)
     assert torch.equal(transform_rows(g.reshape(-1, 16), Hadamard(16, seed=7)), hx(g))
@@ -80,3 +78,49 @@ def test_configs_state_and_refusals():
     lin = torch.nn.Sequential(torch.nn.Linear(8, 4))
     bfp.convert(lin, {"version": 1, "default": {"bwo": "e4m3", "rht": 16}})
     assert lin[0].precision.rht == Hadamard(16)
+
+
+def _fwht_oracle(t: np.ndarray, rht: Hadamard) -> np.ndarray:
+    """Element by element in numpy float32: each block of rows through the butterflies
+    (h = 1, 2, 4 ...: rows j, j + h -> u + v, u - v), then row i times s_i / sqrt(b)."""
+    b, out = rht.block, t.astype(np.float32).copy()
+    f = factor(rht).numpy()
+    for r0 in range(0, out.shape[0], b):
+        blk = out[r0:r0 + b]
+        h = 1
+        while h < b:
+            for g in range(0, b, 2 * h):
+                for j in range(g, g + h):
+                    u, v = blk[j].copy(), blk[j + h].copy()
+                    blk[j], blk[j + h] = u + v, u - v
+            h *= 2
+        blk *= f[:, None]
+    return out
+
+
+@pytest.mark.parametrize("block", [2, 16, 32, 256])
+@pytest.mark.parametrize("shape", [(37, 5), (3, 16, 2048 + 3), (2, 2, 300, 1)])
+def test_the_numba_kernel_and_the_pytorch_steps_give_the_same_bits(block, shape):
+    rht = Hadamard(block, seed=5)
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(block)) * 3
+    fast, ref = transform_rows(t, rht), reference_rows(t, rht)
+    rows = -(-shape[-2] // block) * block
+    assert fast.shape == ref.shape == (*shape[:-2], rows, shape[-1])
+    assert torch.equal(fast.view(torch.int32), ref.view(torch.int32))
+    assert torch.equal(transform_rows(t.transpose(-2, -1).contiguous().transpose(-2, -1), rht), fast)  # strided in
+    # the math: H x within float32 rounding of the float64 product
+    t64 = torch.nn.functional.pad(t.double(), (0, 0, 0, rows - shape[-2]))
+    exact = torch.matmul(matrix(rht), t64.reshape(*shape[:-2], -1, block, shape[-1])).reshape(fast.shape)
+    assert torch.allclose(fast.double(), exact, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(reference_rows(t.double(), rht), exact, rtol=1e-12, atol=1e-12)
+
+
+def test_the_kernel_equals_a_written_out_oracle_with_infinities_and_nans():
+    rht = Hadamard(16, seed=2)
+    t = torch.randn(40, 7, generator=torch.Generator().manual_seed(9))
+    t[3, 1], t[20, 4], t[33, 0] = float("inf"), float("nan"), -float("inf")
+    got, want = transform_rows(t, rht), torch.from_numpy(_fwht_oracle(
+        torch.nn.functional.pad(t, (0, 0, 0, 8)).numpy(), rht))
+    assert torch.equal(got.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert torch.equal(got[finite], want[finite]) and got.isnan().any()

@@ -11,7 +11,8 @@ PKG = Path(__file__).resolve().parents[1] / "bfp"
 FLOORS = ["formats", "mx", "nvfp4", "scaled", "kernels", "precision", "hadamard", "accumulate", "overflow", "functional", "layers", "attention", "config", "conversion", "diagnostics",
           "models", "amp", "optim", "distributed", "data", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
-LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu")}
+LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
+           ("hadamard", "bfp.kernels.hadamard_cpu")}
 
 
 def floor_of(module: str) -> str:

@@ -1,0 +1,64 @@
+"""The blocked Hadamard transform of ``bfp.hadamard.transform_rows`` as a Numba CPU kernel,
+bit for bit the reference's float32 steps (tests/test_hadamard.py). Imported, and compiled, on
+first use.
+
+The input is seen as ``(A, R, C)``: ``R`` the rows transformed in blocks of ``b``, ``A`` the
+axes before, ``C`` the columns. A work item takes one block of ``b`` rows (zero past ``R``)
+and up to ``COLS`` columns into a scratch array, runs the ``log2 b`` butterfly stages along
+the rows (each ``u + v`` and ``u - v`` in float32, in the reference's order, the inner loop
+over the columns so it vectorises), multiplies row ``i`` by ``factor[i]`` and writes the
+block: one read and one write of the tensor, against the reference's batched GEMM.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .pages import advise
+
+COLS = 1024  # columns per work item
+
+
+@njit(parallel=True, cache=False)
+def _transform(x, out, factor, A, R, C, b):
+    nb = (R + b - 1) // b
+    ncc = (C + COLS - 1) // COLS
+    for s in prange(A * nb * ncc):
+        a, rb, cc = s // (nb * ncc), (s // ncc) % nb, s % ncc
+        c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
+        w = c1 - c0
+        t = np.zeros((b, w), np.float32)
+        for i in range(min(b, R - rb * b)):
+            src = (a * R + rb * b + i) * C + c0
+            for c in range(w):
+                t[i, c] = x[src + c]
+        h = 1
+        while h < b:
+            for g in range(0, b, 2 * h):
+                for j in range(g, g + h):
+                    for c in range(w):
+                        u, v = t[j, c], t[j + h, c]
+                        t[j, c] = u + v
+                        t[j + h, c] = u - v
+            h *= 2
+        for i in range(b):
+            dst = (a * nb * b + rb * b + i) * C + c0
+            f = factor[i]
+            for c in range(w):
+                out[dst + c] = t[i, c] * f
+
+
+def transform_rows(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``t`` (contiguous CPU float32, rows on dim -2) transformed in blocks of ``len(factor)``
+    rows; the result has the rows padded up to whole blocks."""
+    b = factor.numel()
+    R, C = t.shape[-2], t.shape[-1]
+    A = t.numel() // max(R * C, 1)
+    rows = -(-R // b) * b
+    out = torch.empty(*t.shape[:-2], rows, C, dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    advise(out)
+    _transform(t.reshape(-1).numpy(), out.view(-1).numpy(), factor.numpy(), A, R, C, b)
+    return out
