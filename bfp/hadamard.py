@@ -68,8 +68,8 @@ def transform_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
     CPU float32 ``t`` runs the Numba kernel (``bfp.kernels.hadamard_cpu``), the same bits."""
     f = factor(rht, t.dtype, t.device)
     if t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() >= 2:
-        from .kernels import hadamard_cpu  # Numba loads on first use
-        return hadamard_cpu.transform_rows(t.contiguous(), f)
+        from .kernels.hadamard_cpu import transform_rows as numba_rows  # Numba loads on first use
+        return numba_rows(t.contiguous(), f)
     return reference_rows(t, rht)
 
 
