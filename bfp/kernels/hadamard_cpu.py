@@ -3,8 +3,9 @@ bit for bit the reference's float32 steps (tests/test_hadamard.py). Imported, an
 first use.
 
 The input is seen as ``(A, R, C)``: ``R`` the rows transformed in blocks of ``b``, ``A`` the
-axes before, ``C`` the columns. A work item takes one block of ``b`` rows (zero past ``R``)
-and up to ``COLS`` columns into a scratch array, runs the ``log2 b`` butterfly stages along
+axes before, ``C`` the columns. A work item takes a run of row blocks (about ``COLS`` columns'
+worth, so narrow tensors still give long items) and up to ``COLS`` columns; each block of ``b``
+rows (zero past ``R``) goes into a scratch array, runs the ``log2 b`` butterfly stages along
 the rows (each ``u + v`` and ``u - v`` in float32, in the reference's order, the inner loop
 over the columns so it vectorises), multiplies row ``i`` by ``factor[i]`` and writes the
 block: one read and one write of the tensor, against the reference's batched GEMM.
@@ -24,29 +25,33 @@ COLS = 1024  # columns per work item
 def _transform(x, out, factor, A, R, C, b):
     nb = (R + b - 1) // b
     ncc = (C + COLS - 1) // COLS
-    for s in prange(A * nb * ncc):
-        a, rb, cc = s // (nb * ncc), (s // ncc) % nb, s % ncc
+    per = max(1, COLS // min(C, COLS))  # row blocks per item: narrow tensors still give long items
+    nrr = (nb + per - 1) // per
+    for s in prange(A * nrr * ncc):
+        a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
         c0, c1 = cc * COLS, min(C, cc * COLS + COLS)
         w = c1 - c0
-        t = np.zeros((b, w), np.float32)
-        for i in range(min(b, R - rb * b)):
-            src = (a * R + rb * b + i) * C + c0
-            for c in range(w):
-                t[i, c] = x[src + c]
-        h = 1
-        while h < b:
-            for g in range(0, b, 2 * h):
-                for j in range(g, g + h):
-                    for c in range(w):
-                        u, v = t[j, c], t[j + h, c]
-                        t[j, c] = u + v
-                        t[j + h, c] = u - v
-            h *= 2
-        for i in range(b):
-            dst = (a * nb * b + rb * b + i) * C + c0
-            f = factor[i]
-            for c in range(w):
-                out[dst + c] = t[i, c] * f
+        t = np.empty((b, w), np.float32)  # one scratch block per item
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            have = min(b, R - rb * b)
+            for i in range(b):
+                src = (a * R + rb * b + i) * C + c0
+                for c in range(w):
+                    t[i, c] = x[src + c] if i < have else np.float32(0.0)
+            h = 1
+            while h < b:
+                for g in range(0, b, 2 * h):
+                    for j in range(g, g + h):
+                        for c in range(w):
+                            u, v = t[j, c], t[j + h, c]
+                            t[j, c] = u + v
+                            t[j + h, c] = u - v
+                h *= 2
+            for i in range(b):
+                dst = (a * nb * b + rb * b + i) * C + c0
+                f = factor[i]
+                for c in range(w):
+                    out[dst + c] = t[i, c] * f
 
 
 def transform_rows(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
