@@ -42,3 +42,17 @@ def test_cifar_py_trains_with_adamw_and_refuses_it_with_lars(tiny_args, capsys, 
         in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cifar(tiny_args("--optimizer", "adam"))
+
+
+def test_a_checkpoint_from_before_the_optimizer_flag_resumes_with_sgd(tiny_args, tmp_path):
+    from bfp.cli.resume import apply_resume
+    from bfp.cli.tasks import LM
+    from bfp.cli.train_config import parse_args
+    run = tmp_path / "runs" / "old"
+    assert cifar(tiny_args("--training-epochs", "1", "--save", "True", "--run-name", "old")) == 0
+    last = run / "checkpoints" / "last.pt"
+    state = ckpt.load(last)
+    del state["extra"]["args"]["optimizer"]
+    ckpt.save(state, last)
+    args, _, _ = parse_args(LM, ["--resume", str(run)])  # lm.py's own default is adamw
+    assert apply_resume(LM, args)[0].optimizer == "sgd"

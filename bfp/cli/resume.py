@@ -58,6 +58,7 @@ def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespa
         raise UsageError(f"--resume {path}: this checkpoint holds no {task.prog} flags (it was written by a "
                          f"Trainer used from Python); resume it with Trainer.load_state_dict")
     saved = {_OLD_DESTS.get(k, k): v for k, v in saved_flags(path, state).items()}
+    saved.setdefault("optimizer", "sgd")  # written before --optimizer existed: every run used SGD
     parser = build_parser(task)
     _check_saved_types(parser, saved, path)
     same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)
