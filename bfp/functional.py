@@ -48,6 +48,7 @@ from .formats import Format, Rounding
 from .kernels import quantize
 from .kernels import scaled as scaled_k
 from .kernels.dispatch import scaled_keys
+from .overflow import active as _overflow_active
 from .overflow import check as _check_overflow
 from .precision import LayerPrecision
 from .scaled import Scaled
@@ -109,6 +110,14 @@ def _grad_point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> T
     (``bfp.overflow``; reads ``t`` only), then rounds as ``_point``."""
     _check_overflow(point, t, fmt)
     return _point(q, point, t, fmt)
+
+
+def _rht_point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format], rht, generator, fuse: bool) -> Tensor:
+    """``t``'s rows Hadamard-transformed, then rounded at ``point``: one fused kernel
+    (``bfp.hadamard.transform_quantize``, the same bits and draws) when ``fuse`` and it applies."""
+    if fuse and fmt is not None and hadamard.fusable(t, rht, fmt):
+        return hadamard.transform_quantize(t, rht, fmt, generator)
+    return _grad_point(q, point, hadamard.transform_rows(t, rht), fmt)
 
 
 def _acc_for(acc: Optional[Accumulator], gemm: str) -> Optional[Accumulator]:
@@ -247,6 +256,7 @@ class QGemmFunction(torch.autograd.Function):
                           _same_rounding(quantizer, p.fw, p.biw))
             ctx.save_for_backward(xq if ctx.reused[0] else x, wq if ctx.reused[1] else w)
         ctx.op, ctx.precision, ctx.q, ctx.generator = op, p, q, generator
+        ctx.plain = quantizer is None  # no hook reads the tensors a point rounds
         ctx.has_bias = b is not None
         return y
 
@@ -269,10 +279,15 @@ class QGemmFunction(torch.autograd.Function):
                 if not hasattr(op, "rows"):
                     raise ValueError("rht (a Hadamard transform of the weight-gradient inputs) needs a Linear or "
                                      f"Matmul layer, got {type(op).__name__.strip('_').replace('Op', '')}")
-                gr, xr = (hadamard.transform_rows(t, p.rht) for t in op.rows(g, x.to(g.dtype), w))
-            x_bwi = xr if ctx.reused[0] else _point(q, "bwi", xr, p.bwi)
-            gw = op.grad_weight(_grad_point(q, "bwo", gr, p.bwo), x_bwi.to(g.dtype), w,
-                                _acc_for(p.accumulator, "weight_grad"), gen)
+                gr, xr = op.rows(g, x.to(g.dtype), w)
+                fuse = ctx.plain and not _overflow_active()  # nothing else reads the transformed tensors
+                x_bwi = hadamard.transform_rows(xr, p.rht) if ctx.reused[0] else \
+                    _rht_point(q, "bwi", xr, p.bwi, p.rht, gen, fuse)
+                g_bwo = _rht_point(q, "bwo", gr, p.bwo, p.rht, gen, fuse)
+            else:
+                x_bwi = xr if ctx.reused[0] else _point(q, "bwi", xr, p.bwi)
+                g_bwo = _grad_point(q, "bwo", gr, p.bwo)
+            gw = op.grad_weight(g_bwo, x_bwi.to(g.dtype), w, _acc_for(p.accumulator, "weight_grad"), gen)
             gw = _grad_point(q, "bwg", gw, p.bwg)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = op.grad_bias(g, x, w)

@@ -13,9 +13,15 @@ PyTorch's within float32 rounding, not bit for bit.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 
+from .formats import Format, Rounding
+from .kernels import quantize
+from .kernels.dispatch import _keys
+from .kernels import nvfp4 as nvfp4_k
+from .nvfp4 import NVFP4
 from .precision import Hadamard
 
 
@@ -82,3 +88,27 @@ def reference_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
     blocks = butterflies(t.reshape(*t.shape[:-2], -1, b, t.shape[-1]))
     out = blocks * factor(rht, t.dtype, t.device)[:, None]
     return out.reshape(*t.shape[:-2], -1, t.shape[-1])
+
+
+def fusable(t: torch.Tensor, rht: Hadamard, fmt: Optional[Format]) -> bool:
+    """Whether ``transform_quantize`` runs the fused kernel: NVFP4 with 1-D blocks of the
+    transform's size along the rows (dim -2) of a CPU float32 tensor."""
+    return (isinstance(fmt, NVFP4) and not isinstance(fmt.block, tuple) and fmt.block == rht.block
+            and t.dim() >= 2 and fmt.axis in (-2, t.dim() - 2) and t.device.type == "cpu"
+            and t.dtype == torch.float32)
+
+
+def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
+                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``quantize(transform_rows(t, rht), fmt, generator=generator)``, the same bits and the same
+    draws from ``generator``; where ``fusable``, one Numba kernel that never writes the
+    transformed tensor (``bfp.kernels.nvfp4_rht``)."""
+    if not fusable(t, rht, fmt):
+        return quantize(transform_rows(t, rht), fmt, generator=generator)
+    from .kernels.nvfp4_rht import quantize as fused  # Numba loads on first use
+    keys = _keys(generator) if fmt.rounding is Rounding.STOCHASTIC else (0, 0)  # as bfp.quantize draws
+    out = fused(t.contiguous(), factor(rht), fmt, keys) if t.numel() else None
+    if out is None:  # nothing finite and nonzero (or empty): the reference, with the same keys
+        x = transform_rows(t, rht)
+        return x.clone() if x.numel() == 0 else nvfp4_k.quantize(x, fmt, keys, "reference")
+    return out

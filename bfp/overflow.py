@@ -50,7 +50,7 @@ from .mx import MX
 from .nvfp4 import NVFP4
 from .scaled import Scaled
 
-__all__ = ["GRADIENT_POINTS", "OverflowFlag", "overflow_limit", "watching", "check"]
+__all__ = ["GRADIENT_POINTS", "OverflowFlag", "overflow_limit", "watching", "check", "active"]
 
 #: The backward points whose values scale with the loss scale.
 GRADIENT_POINTS = ("bio", "bwo", "big", "bwg")
@@ -102,6 +102,11 @@ def watching(flag: Optional[OverflowFlag]) -> Iterator[None]:
         yield
     finally:
         _ACTIVE = previous
+
+
+def active() -> bool:
+    """Whether a flag is watching: the backward points' inputs are then read (``check``)."""
+    return _ACTIVE is not None
 
 
 def check(point: str, t: torch.Tensor, fmt: Optional[Format]) -> None:

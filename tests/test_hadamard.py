@@ -124,3 +124,41 @@ def test_the_kernel_equals_a_written_out_oracle_with_infinities_and_nans():
     assert torch.equal(got.isnan(), want.isnan())
     finite = ~want.isnan()
     assert torch.equal(got[finite], want[finite]) and got.isnan().any()
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("shape", [(37, 5), (3, 40, 2050), (2, 16, 33)])
+def test_the_fused_nvfp4_kernel_gives_the_two_steps_bits_and_draws(rounding, shape):
+    from bfp.hadamard import transform_quantize
+    from bfp.nvfp4 import NVFP4
+    fmt, rht = NVFP4(axis=-2, rounding=rounding), Hadamard(16, seed=3)
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))) * 5
+    t.view(-1)[7] = float("nan")
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    fused, steps = transform_quantize(t, rht, fmt, g1), quantize(transform_rows(t, rht), fmt, generator=g2)
+    assert torch.equal(fused.view(torch.int32), steps.view(torch.int32))
+    assert torch.equal(torch.randint(0, 2 ** 30, (4,), generator=g1), torch.randint(0, 2 ** 30, (4,), generator=g2))
+    zero = torch.zeros(*shape)  # no finite nonzero element: the reference path, the same draws
+    assert torch.equal(transform_quantize(zero, rht, fmt, g1), quantize(transform_rows(zero, rht), fmt, generator=g2))
+    mx = bfp.MX(format_from_name("float4_e2m1fn"), block=16, axis=-2)  # not fusable: the two steps
+    assert torch.equal(transform_quantize(t, rht, mx).view(torch.int32), quantize(transform_rows(t, rht), mx).view(torch.int32))
+
+
+def test_training_with_the_fused_kernel_equals_the_two_steps(monkeypatch):
+    import bfp.functional
+    from bfp.nvfp4 import NVFP4
+    gen = torch.Generator().manual_seed(4)
+    x, w = torch.randn(3, 21, 40, generator=gen), torch.randn(24, 40, generator=gen)
+    g = torch.randn(3, 21, 24, generator=gen)
+    rows = NVFP4(axis=-2, rounding="stochastic")
+    p = LayerPrecision(bwo=rows, bwi=NVFP4(axis=-2), rht=Hadamard(16, seed=1))
+    calls = []
+    real = bfp.hadamard.transform_quantize
+    monkeypatch.setattr(bfp.hadamard, "transform_quantize", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)  # the layers' stochastic rounding draws from the default generator
+    fused = _grads(p, x, w, g)
+    assert len(calls) == 2  # bwo and bwi went through the fused kernel
+    monkeypatch.setattr(bfp.hadamard, "fusable", lambda *a: False)
+    torch.manual_seed(0)
+    steps = _grads(p, x, w, g)
+    assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(fused, steps))

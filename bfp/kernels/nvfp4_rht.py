@@ -1,0 +1,132 @@
+"""NVFP4 of a Hadamard-transformed tensor in one go (the NVFP4 recipe's weight-gradient
+operands): ``quantize(transform_rows(t, rht), NVFP4 along the rows)`` without writing the
+transformed tensor. Imported, and compiled, on first use.
+
+Both passes of ``nvfp4_cpu``'s column kernels (block maxima, then scales and elements) load
+each block of ``b`` rows (zero past the input's last row) into a scratch array and run the
+transform's butterflies and factors there first (``bfp.kernels.hadamard_cpu``'s arithmetic),
+so the result is bit for bit ``nvfp4_cpu.quantize(hadamard_cpu.transform_rows(t))``
+(tests/test_hadamard.py), stochastic draws included (indexed in the padded tensor, as there).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from ..nvfp4 import NVFP4
+from .cpu import _tile_consts
+from .nvfp4 import tensor_scale
+from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
+from .cpu import _rand32
+from .nvfp4 import E2M1
+from .pages import advise
+from .plan import MODE
+
+
+@njit(inline="always")
+def _load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b):
+    """Rows ``rb*b ..`` of item ``a`` (zero past ``Rin``), columns ``c0:c0+w``, into ``t``,
+    transformed: the butterflies, then row ``i`` times ``factor[i]``."""
+    have = min(b, Rin - rb * b)
+    for i in range(b):
+        src = (a * Rin + rb * b + i) * C + c0
+        for c in range(w):
+            t[i, c] = x[src + c] if i < have else np.float32(0.0)
+    h = 1
+    while h < b:
+        for g in range(0, b, 2 * h):
+            for j in range(g, g + h):
+                for c in range(w):
+                    u, v = t[j, c], t[j + h, c]
+                    t[j, c] = u + v
+                    t[j + h, c] = u - v
+        h *= 2
+    for i in range(b):
+        f = factor[i]
+        for c in range(w):
+            t[i, c] = t[i, c] * f
+
+
+@functools.lru_cache(maxsize=None)
+def kernels(mode: int):
+    """The two passes for rounding ``mode``."""
+
+    @njit(inline="always")
+    def _tasks(nb, C):
+        ncc = (C + COLS - 1) // COLS
+        per = max(1, COLS // min(C, COLS))
+        return ncc, per, (nb + per - 1) // per
+
+    @njit(parallel=True, cache=False)
+    def block_max(x, factor, bmax, A, Rin, nb, C, b):
+        ncc, per, nrr = _tasks(nb, C)
+        for s in prange(A * nrr * ncc):
+            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+            c0 = cc * COLS
+            w = min(C, c0 + COLS) - c0
+            t = np.empty((b, w), np.float32)
+            for rb in range(rr * per, min(nb, rr * per + per)):
+                _load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
+                out = (a * nb + rb) * C + c0
+                for c in range(w):
+                    top = np.int32(0)
+                    for i in range(b):
+                        top = max(top, _finite_mag(np.float32(t[i, c]).view(np.int32)))
+                    bmax[out + c] = top
+
+    @njit(parallel=True, cache=False)
+    def block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, e2, k0, k1):
+        c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+        ncc, per, nrr = _tasks(nb, C)
+        R = nb * b
+        for s in prange(A * nrr * ncc):
+            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+            c0 = cc * COLS
+            w = min(C, c0 + COLS) - c0
+            t = np.empty((b, w), np.float32)
+            ts = np.empty(w, np.float32)
+            for rb in range(rr * per, min(nb, rr * per + per)):
+                _load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
+                for c in range(w):
+                    ts[c] = _block_scale(bmax[(a * nb + rb) * C + c0 + c], pts)
+                for i in range(b):
+                    r = rb * b + i
+                    row = (a * R + r) * C + c0
+                    for c in range(w):
+                        v = t[i, c]
+                        vb = np.float32(v).view(np.int32)
+                        if mode == 1:
+                            oi[row + c] = _nearest_out(vb, v, ts[c])
+                        else:  # the index with the block axis (rows) moved last, as nvfp4_cpu
+                            k = (a * C + c0 + c) * R + r
+                            r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                            oi[row + c] = _rule_out(vb, v, ts[c], mode, c2, e2, r32)
+
+    return block_max, block_quantize
+
+
+def quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, keys):
+    """NVFP4 (1-D blocks of ``len(factor)`` along dim -2) of the transformed contiguous CPU
+    float32 ``t``, rows padded to whole blocks; None when the transformed tensor has no finite
+    nonzero element (the caller then takes the reference path)."""
+    b = factor.numel()
+    Rin, C = t.shape[-2], t.shape[-1]
+    A = t.numel() // max(Rin * C, 1)
+    nb = -(-Rin // b)
+    if A * nb * C == 0:
+        return None
+    block_max, block_quantize = kernels(MODE[fmt.rounding])
+    x, f = t.reshape(-1).numpy(), factor.numpy()
+    bmax = np.empty(A * nb * C, np.int32)
+    block_max(x, f, bmax, A, Rin, nb, C, b)
+    top = int(bmax.max())
+    if top == 0:
+        return None
+    out = torch.empty(*t.shape[:-2], nb * b, C, dtype=torch.float32)
+    advise(out)
+    block_quantize(x, f, out.view(torch.int32).numpy().reshape(-1), bmax, A, Rin, nb, C, b,
+                   tensor_scale(top, fmt), _consts(E2M1[fmt.rounding]), keys[0], keys[1])
+    return out
