@@ -21,6 +21,30 @@ from .pages import advise
 COLS = 1024  # columns per work item
 
 
+@njit(inline="always")
+def load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b):
+    """Rows ``rb*b ..`` of item ``a`` (zero past ``Rin``), columns ``c0:c0+w``, into ``t``,
+    transformed: the butterflies, then row ``i`` times ``factor[i]``."""
+    have = min(b, Rin - rb * b)
+    for i in range(b):
+        src = (a * Rin + rb * b + i) * C + c0
+        for c in range(w):
+            t[i, c] = x[src + c] if i < have else np.float32(0.0)
+    h = 1
+    while h < b:
+        for g in range(0, b, 2 * h):
+            for j in range(g, g + h):
+                for c in range(w):
+                    u, v = t[j, c], t[j + h, c]
+                    t[j, c] = u + v
+                    t[j + h, c] = u - v
+        h *= 2
+    for i in range(b):
+        f = factor[i]
+        for c in range(w):
+            t[i, c] = t[i, c] * f
+
+
 @njit(parallel=True, cache=False)
 def _transform(x, out, factor, A, R, C, b):
     nb = (R + b - 1) // b
@@ -33,25 +57,11 @@ def _transform(x, out, factor, A, R, C, b):
         w = c1 - c0
         t = np.empty((b, w), np.float32)  # one scratch block per item
         for rb in range(rr * per, min(nb, rr * per + per)):
-            have = min(b, R - rb * b)
-            for i in range(b):
-                src = (a * R + rb * b + i) * C + c0
-                for c in range(w):
-                    t[i, c] = x[src + c] if i < have else np.float32(0.0)
-            h = 1
-            while h < b:
-                for g in range(0, b, 2 * h):
-                    for j in range(g, g + h):
-                        for c in range(w):
-                            u, v = t[j, c], t[j + h, c]
-                            t[j, c] = u + v
-                            t[j + h, c] = u - v
-                h *= 2
+            load_transformed(x, t, factor, a, rb, R, C, c0, w, b)
             for i in range(b):
                 dst = (a * nb * b + rb * b + i) * C + c0
-                f = factor[i]
                 for c in range(w):
-                    out[dst + c] = t[i, c] * f
+                    out[dst + c] = t[i, c]
 
 
 def transform_rows(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ transformed tensor. Imported, and compiled, on first use.
 
 Both passes of ``nvfp4_cpu``'s column kernels (block maxima, then scales and elements) load
 each block of ``b`` rows (zero past the input's last row) into a scratch array and run the
-transform's butterflies and factors there first (``bfp.kernels.hadamard_cpu``'s arithmetic),
+transform's butterflies and factors there first (``bfp.kernels.hadamard_cpu.load_transformed``),
 so the result is bit for bit ``nvfp4_cpu.quantize(hadamard_cpu.transform_rows(t))``
 (tests/test_hadamard.py), stochastic draws included (indexed in the padded tensor, as there).
 """
@@ -17,37 +17,12 @@ import torch
 from numba import njit, prange
 
 from ..nvfp4 import NVFP4
-from .cpu import _tile_consts
-from .nvfp4 import tensor_scale
+from .cpu import _rand32, _tile_consts
+from .hadamard_cpu import load_transformed
+from .nvfp4 import E2M1, tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
-from .cpu import _rand32
-from .nvfp4 import E2M1
 from .pages import advise
 from .plan import MODE
-
-
-@njit(inline="always")
-def _load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b):
-    """Rows ``rb*b ..`` of item ``a`` (zero past ``Rin``), columns ``c0:c0+w``, into ``t``,
-    transformed: the butterflies, then row ``i`` times ``factor[i]``."""
-    have = min(b, Rin - rb * b)
-    for i in range(b):
-        src = (a * Rin + rb * b + i) * C + c0
-        for c in range(w):
-            t[i, c] = x[src + c] if i < have else np.float32(0.0)
-    h = 1
-    while h < b:
-        for g in range(0, b, 2 * h):
-            for j in range(g, g + h):
-                for c in range(w):
-                    u, v = t[j, c], t[j + h, c]
-                    t[j, c] = u + v
-                    t[j + h, c] = u - v
-        h *= 2
-    for i in range(b):
-        f = factor[i]
-        for c in range(w):
-            t[i, c] = t[i, c] * f
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,7 +44,7 @@ def kernels(mode: int):
             w = min(C, c0 + COLS) - c0
             t = np.empty((b, w), np.float32)
             for rb in range(rr * per, min(nb, rr * per + per)):
-                _load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
+                load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
                 out = (a * nb + rb) * C + c0
                 for c in range(w):
                     top = np.int32(0)
@@ -89,7 +64,7 @@ def kernels(mode: int):
             t = np.empty((b, w), np.float32)
             ts = np.empty(w, np.float32)
             for rb in range(rr * per, min(nb, rr * per + per)):
-                _load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
+                load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
                 for c in range(w):
                     ts[c] = _block_scale(bmax[(a * nb + rb) * C + c0 + c], pts)
                 for i in range(b):
