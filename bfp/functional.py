@@ -113,9 +113,10 @@ def _grad_point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> T
 
 
 def _rht_point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format], rht, generator, fuse: bool) -> Tensor:
-    """``t``'s rows Hadamard-transformed, then rounded at ``point``: one fused kernel
-    (``bfp.hadamard.transform_quantize``, the same bits and draws) when ``fuse`` and it applies."""
-    if fuse and fmt is not None and hadamard.fusable(t, rht, fmt):
+    """``t``'s rows Hadamard-transformed, then rounded at ``point``. With ``fuse`` (the plain
+    quantizer, no loss scaler watching) ``bfp.hadamard.transform_quantize`` does both: one
+    kernel where it applies, the same bits and draws."""
+    if fuse and fmt is not None:
         return hadamard.transform_quantize(t, rht, fmt, generator)
     return _grad_point(q, point, hadamard.transform_rows(t, rht), fmt)
 

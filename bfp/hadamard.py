@@ -40,14 +40,9 @@ def matrix(rht: Hadamard, dtype=torch.float64, device="cpu") -> torch.Tensor:
     return _matrix(rht.block, rht.seed).to(dtype=dtype, device=device)
 
 
-@functools.lru_cache(maxsize=32)
-def _factor(block: int, seed: int) -> torch.Tensor:
-    """Row ``i``'s factor ``s_i / sqrt(block)`` (float64, CPU)."""
-    return _matrix(block, seed)[:, 0].clone()
-
-
 def factor(rht: Hadamard, dtype=torch.float32, device="cpu") -> torch.Tensor:
-    return _factor(rht.block, rht.seed).to(dtype=dtype, device=device)
+    """Row ``i``'s factor ``s_i / sqrt(block)``: ``H``'s first column, ``W_b``'s being all ones."""
+    return _matrix(rht.block, rht.seed)[:, 0].to(dtype=dtype, device=device)
 
 
 def butterflies(blocks: torch.Tensor) -> torch.Tensor:
@@ -72,10 +67,9 @@ def transform_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
     butterflies of ``butterflies`` in ``t``'s dtype, then row ``i`` times ``s_i / sqrt(block)``
     rounded to that dtype once (exact for block 4, 16, 64, 256: a power of two). A contiguous
     CPU float32 ``t`` runs the Numba kernel (``bfp.kernels.hadamard_cpu``), the same bits."""
-    f = factor(rht, t.dtype, t.device)
     if t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() >= 2:
         from .kernels.hadamard_cpu import transform_rows as numba_rows  # Numba loads on first use
-        return numba_rows(t.contiguous(), f)
+        return numba_rows(t.contiguous(), factor(rht))
     return reference_rows(t, rht)
 
 

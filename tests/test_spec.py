@@ -41,7 +41,7 @@ def test_flags_beat_the_training_config_and_bfp_replaces_its_epoch_0_entry(tiny_
     assert dict(spec.plan.precision) == {0: "any_FB8", 2: "any_FB12"}
     assert spec.initial_config == "any_FB8" and spec.plan.optimizer[2]["lr"] == 0.01
     no_bfp = build_spec(CIFAR, tiny_args("-tc", str(tc)))
-    assert no_bfp.initial_config == "any_FB16" and no_bfp.args.plan_has_precision is True
+    assert no_bfp.initial_config == "any_FB16" and dict(no_bfp.plan.precision) == {0: "any_FB16", 2: "any_FB12"}
 
 
 def test_derived_values_are_set_before_freezing():

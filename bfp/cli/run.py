@@ -99,11 +99,12 @@ def network_config_json(model, active: Any) -> Any:
     return {"config": active, "layers": precision_state(model)}
 
 
-def run_name(args: argparse.Namespace, suffix: str = "") -> str:
+def run_name(spec: RunSpec, suffix: str = "") -> str:
+    args = spec.args
     if args.run_name:
         return args.run_name + suffix
     cfg = Path(str(args.network_config)).stem if args.network_config else (
-        "schedule" if args.plan_has_precision else "fp32")
+        "schedule" if spec.plan.precision else "fp32")
     return f"{args.model}_{args.dataset}_{cfg}_{timestamp()}{suffix}"
 
 
@@ -137,7 +138,7 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
 
     writes = args.log or args.save
     run_dir = resumed_run_dir(args, resumed.path, state) if resumed is not None \
-        else new_run_dir(args, suffix) if writes else None
+        else new_run_dir(spec, suffix) if writes else None
     try:
         token = read_token() if args.slackbot else None
     except SlackTokenError as e:
@@ -223,9 +224,9 @@ def check_plan_configs(model, plan: EpochPlan, initial: Any, source: Optional[st
             convert(copy.deepcopy(model), cfg, f"-tc {source}: bfp-layer-conf-dict[{epoch}]")
 
 
-def new_run_dir(args: argparse.Namespace, suffix: str) -> Path:
+def new_run_dir(spec: RunSpec, suffix: str) -> Path:
     """``--run-dir/<name>``; never an existing directory (``-1``, ``-2`` ... appended)."""
-    base = Path(args.run_dir) / run_name(args, suffix)
+    base = Path(spec.args.run_dir) / run_name(spec, suffix)
     run_dir, n = base, 1
     while run_dir.exists():
         run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1

@@ -86,7 +86,7 @@ def build_spec(task: Task, argv: Sequence[str]) -> RunSpec:
     if args.resume:
         args, plan, resumed = apply_resume(task, args)
     derive(task, args, plan)
-    check_args(task, args)
+    check_args(task, args, plan)
     return RunSpec(task, RunArgs(vars(args)), frozen_plan(plan), resumed, tuple(argv))
 
 
@@ -104,7 +104,6 @@ def derive(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
         raise UsageError(str(e)) from None
     if args.training_epochs is None:
         args.training_epochs = task.epochs(args.dataset)
-    args.plan_has_precision = bool(plan.precision)
     if args.network_config is not None and 0 in plan.precision:
         plan.precision[0] = args.network_config
 
@@ -115,7 +114,7 @@ def max_threads() -> int:
     return int(numba.config.NUMBA_NUM_THREADS)
 
 
-def check_args(task: Task, args: argparse.Namespace) -> None:
+def check_args(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
     """Refuse a bad flag value or combination, naming it: the task's checks, then the shared ones."""
     try:
         task.hooks.check_args(args)
@@ -159,5 +158,5 @@ def check_args(task: Task, args: argparse.Namespace) -> None:
     if args.do is not None and not args.do.strip():
         raise UsageError("--do '': an empty dynamic-precision spec; give one such as Simple/0.6/0.8/0/1, "
                          "or leave --do out for no dynamic precision")
-    if args.do and not (args.network_config or args.plan_has_precision):
+    if args.do and not (args.network_config or plan.precision):
         raise UsageError(f"--do {args.do}: dynamic precision needs a converted model; give --bfp CONFIG")
