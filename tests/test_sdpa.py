@@ -57,11 +57,18 @@ def test_routed_sdpa_equals_pytorchs_forward_and_backward(kw, mask):
     g_ref, = torch.autograd.grad(y_ref.square().sum(), x)
     routed = route_sdpa(copy.deepcopy(net))
     assert isinstance(routed.attn.qk, Matmul) and isinstance(routed.attn.pv, Matmul)
+    ran = []
+    for mm in (routed.attn.qk, routed.attn.pv):
+        mm.register_forward_hook(lambda mod, args, out: ran.append(mod))
     y = routed(x, m)
+    assert ran == [routed.attn.qk, routed.attn.pv]  # the call went through the named products
     g, = torch.autograd.grad(y.square().sum(), x)
     assert torch.allclose(y, y_ref, atol=1e-12, rtol=0) and torch.allclose(g, g_ref, atol=1e-12, rtol=0)
-    assert torch.equal(F.scaled_dot_product_attention(x, x, x), F.scaled_dot_product_attention(x, x, x))
-    assert route_sdpa(routed) is routed and list(routed.state_dict()) == list(net.state_dict())
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)  # outside the module's forward the function is PyTorch's
+    assert torch.allclose(F.scaled_dot_product_attention(q, q, q),
+                          torch.softmax(q @ q.transpose(-2, -1) / 2, -1) @ q, atol=1e-12) and len(ran) == 2
+    route_sdpa(routed)  # routing again changes nothing
+    assert len(routed.attn._forward_pre_hooks) == 1 and list(routed.state_dict()) == list(net.state_dict())
 
 
 def test_converted_sdpa_rounds_q_k_p_and_v_where_the_points_say():
