@@ -45,12 +45,19 @@ def load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b):
             t[i, c] = t[i, c] * f
 
 
+@njit(inline="always")
+def work_items(nb, C, cols):
+    """How ``nb`` row blocks x ``C`` columns split into work items of about ``cols`` columns:
+    (column runs, row blocks per item, row-block runs); narrow tensors still give long items."""
+    ncc = (C + cols - 1) // cols
+    per = max(1, cols // min(C, cols))
+    return ncc, per, (nb + per - 1) // per
+
+
 @njit(parallel=True, cache=False)
 def _transform(x, out, factor, A, R, C, b):
     nb = (R + b - 1) // b
-    ncc = (C + COLS - 1) // COLS
-    per = max(1, COLS // min(C, COLS))  # row blocks per item: narrow tensors still give long items
-    nrr = (nb + per - 1) // per
+    ncc, per, nrr = work_items(nb, C, COLS)
     for s in prange(A * nrr * ncc):
         a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
         c0, c1 = cc * COLS, min(C, cc * COLS + COLS)

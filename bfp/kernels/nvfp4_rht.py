@@ -18,7 +18,7 @@ from numba import njit, prange
 
 from ..nvfp4 import NVFP4
 from .cpu import _rand32, _tile_consts
-from .hadamard_cpu import load_transformed
+from .hadamard_cpu import load_transformed, work_items
 from .nvfp4 import E2M1, tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
 from .pages import advise
@@ -29,15 +29,9 @@ from .plan import MODE
 def kernels(mode: int):
     """The two passes for rounding ``mode``."""
 
-    @njit(inline="always")
-    def _tasks(nb, C):
-        ncc = (C + COLS - 1) // COLS
-        per = max(1, COLS // min(C, COLS))
-        return ncc, per, (nb + per - 1) // per
-
     @njit(parallel=True, cache=False)
     def block_max(x, factor, bmax, A, Rin, nb, C, b):
-        ncc, per, nrr = _tasks(nb, C)
+        ncc, per, nrr = work_items(nb, C, COLS)
         for s in prange(A * nrr * ncc):
             a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
             c0 = cc * COLS
@@ -55,7 +49,7 @@ def kernels(mode: int):
     @njit(parallel=True, cache=False)
     def block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, e2, k0, k1):
         c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
-        ncc, per, nrr = _tasks(nb, C)
+        ncc, per, nrr = work_items(nb, C, COLS)
         R = nb * b
         for s in prange(A * nrr * ncc):
             a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
