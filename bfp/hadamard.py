@@ -17,9 +17,9 @@ from typing import Optional
 
 import torch
 
-from .formats import Format, Rounding
+from .formats import Format
 from .kernels import quantize
-from .kernels.dispatch import _keys
+from .kernels.dispatch import nvfp4_keys
 from .kernels import nvfp4 as nvfp4_k
 from .nvfp4 import NVFP4
 from .precision import Hadamard
@@ -100,7 +100,7 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
     if not fusable(t, rht, fmt):
         return quantize(transform_rows(t, rht), fmt, generator=generator)
     from .kernels.nvfp4_rht import quantize as fused  # Numba loads on first use
-    keys = _keys(generator) if fmt.rounding is Rounding.STOCHASTIC else (0, 0)  # as bfp.quantize draws
+    keys = nvfp4_keys(fmt, generator)
     out = fused(t.contiguous(), factor(rht), fmt, keys) if t.numel() else None
     if out is None:  # nothing finite and nonzero (or empty): the reference, with the same keys
         x = transform_rows(t, rht)

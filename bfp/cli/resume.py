@@ -38,6 +38,8 @@ RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
                     "sample_chars", "shadow"}
 # Names under which checkpoints written before the rename saved two flags.
 _OLD_DESTS = {"bfp": "network_config", "precision": "compute_dtype"}
+# What runs did before a flag existed, where that is not the flag's default in every script.
+_BEFORE_FLAG = {"optimizer": "sgd"}  # lm.py's default is adamw; every run before --optimizer used SGD
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ def apply_resume(task: Task, args: argparse.Namespace) -> tuple[argparse.Namespa
         raise UsageError(f"--resume {path}: this checkpoint holds no {task.prog} flags (it was written by a "
                          f"Trainer used from Python); resume it with Trainer.load_state_dict")
     saved = {_OLD_DESTS.get(k, k): v for k, v in saved_flags(path, state).items()}
-    saved.setdefault("optimizer", "sgd")  # written before --optimizer existed: every run used SGD
+    saved = {**_BEFORE_FLAG, **saved}
     parser = build_parser(task)
     _check_saved_types(parser, saved, path)
     same = lambda x, y: json.dumps(x, default=str) == json.dumps(y, default=str)  # noqa: E731 (tuples == lists)

@@ -41,8 +41,14 @@ def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
     return torch.stack([nz.sum(), (nz & ((ob & MAG) == 0)).sum()])
 
 
+def nvfp4_keys(fmt: NVFP4, generator) -> tuple[int, int]:
+    """The stochastic-rounding keys of an NVFP4 rounding: one draw from ``generator``, none
+    for nearest (``bfp.hadamard.transform_quantize`` draws them as ``quantize`` does)."""
+    return _keys(generator) if fmt.rounding is Rounding.STOCHASTIC else (0, 0)
+
+
 def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
-    keys = _keys(generator) if fmt.rounding is Rounding.STOCHASTIC else (0, 0)
+    keys = nvfp4_keys(fmt, generator)
     if x.device.type == "meta" or x.numel() == 0:
         counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
         return (torch.empty_like(x) if x.device.type == "meta" else x.detach().clone()), counts
