@@ -26,31 +26,23 @@ call signature and results, the same Parameter objects (``in_proj_weight`` and
 ``in_proj_bias`` become ``qkv.weight``/``qkv.bias``, ``out_proj``'s ``proj.weight``/``proj.bias``).
 Its state_dict keys change accordingly (``load_state_dict`` accepts the old ones).
 
-Models that call ``F.scaled_dot_product_attention`` themselves (a hand-written or
-Hugging Face attention block) are handled by ``route_sdpa`` (``convert`` does it
-first): every module whose class's source calls that function gets two children,
-``qk`` and ``pv`` (``Matmul``), and while it runs its forward the call is computed
-by ``products`` with them, so the two products are quantized and addressed by name
-as ``Attention``'s are (``*.attn.qk``). The arguments are SDPA's: ``attn_mask``
-(bool or float), ``dropout_p`` (applied as given, as SDPA does), ``is_causal``
-(top-left aligned), ``scale`` and ``enable_gqa``. With quantization off the result
-equals SDPA within float rounding (tested).
+Models that call ``F.scaled_dot_product_attention`` (or ``torch.matmul``) themselves, a
+hand-written, Hugging Face or timm attention block, are handled by ``bfp.routes`` (``convert``
+with an ``example_input`` traces the forward and routes each module's own calls through named
+products computed with ``products`` below).
 """
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
 
 from .layers import Matmul
 
-__all__ = ["Attention", "MultiheadAttention", "route_sdpa"]
+__all__ = ["Attention", "MultiheadAttention", "products"]
 
 
 def _mask(scores: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
@@ -184,71 +176,3 @@ class MultiheadAttention(Attention):
             return out, None
         weights = p.mean(dim=1) if average_attn_weights else p
         return out, (weights if batched else weights.squeeze(0))
-
-
-class _Route(TorchFunctionMode):
-    """While active, ``F.scaled_dot_product_attention(...)`` is ``products`` with ``module``'s
-    ``qk`` and ``pv``; every other function runs unchanged."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        return _sdpa(self.module, *args, **kwargs)
-
-
-def _sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
-          dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
-          enable_gqa: bool = False) -> Tensor:
-    if enable_gqa and key.shape[-3] != query.shape[-3]:  # grouped query attention: each key head serves a group
-        groups = query.shape[-3] // key.shape[-3]
-        key, value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
-    return products(module.qk, module.pv, query, key, value, attn_mask, None, is_causal, scale, dropout_p)[0]
-
-
-def _enter(module: nn.Module, args) -> None:
-    route = _Route(module)
-    route.__enter__()
-    module._bfp_routes.append(route)
-
-
-def _leave(module: nn.Module, args, output) -> None:
-    module._bfp_routes.pop().__exit__(None, None, None)
-
-
-@functools.lru_cache(maxsize=None)
-def _source_calls_sdpa(cls: type) -> bool:
-    try:
-        return "scaled_dot_product_attention" in inspect.getsource(cls)
-    except (OSError, TypeError):  # defined in an interpreter session: no source to read
-        return False
-
-
-def _calls_sdpa(module: nn.Module) -> bool:
-    """Whether ``module``'s class, or a class it inherits from outside PyTorch, calls SDPA."""
-    if isinstance(module, Attention):
-        return False
-    return any(_source_calls_sdpa(c) for c in type(module).__mro__
-               if c is not object and not c.__module__.startswith("torch"))
-
-
-def route_sdpa(model: nn.Module) -> nn.Module:
-    """Give every module of ``model`` whose class calls ``F.scaled_dot_product_attention`` the
-    named products ``qk`` and ``pv`` and route the call through them (module docstring); a
-    module already routed is left as it is. Returns ``model``."""
-    for name, module in model.named_modules():
-        if not _calls_sdpa(module) or hasattr(module, "_bfp_routes"):
-            continue
-        taken = [n for n in ("qk", "pv") if hasattr(module, n)]
-        if taken:
-            raise ValueError(f"{name or type(module).__name__} calls F.scaled_dot_product_attention but already "
-                             f"has {taken}: the names its products would take")
-        module.qk, module.pv = Matmul(), Matmul()
-        module._bfp_routes = []
-        module.register_forward_pre_hook(_enter)
-        module.register_forward_hook(_leave, always_call=True)
-    return model

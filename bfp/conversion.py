@@ -14,12 +14,15 @@ convertible layer.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch.nn as nn
 
 from . import layers as L
-from .attention import MultiheadAttention, route_sdpa
+from .attention import MultiheadAttention
+from .coverage import Coverage, coverage_of
+from .routes import route
+from .trace import describe_input, filter_of, trace_gemms, type_name_of
 from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
                      legacy_dict, legacy_entry, load_config)
 from .formats import BlockFloat, Float, Format, format_names, format_from_name
@@ -28,21 +31,19 @@ from .nvfp4 import NVFP4
 from .scaled import Scaled
 from .precision import POINTS, LayerPrecision
 
-__all__ = ["convert", "conversion_report", "precision_state", "load_precision_state",
+__all__ = ["convert", "trace_model", "conversion_report", "precision_state", "load_precision_state",
            "generate_config", "convertible_layers"]
 
 # Q class -> the type name configs use, from bfp.layers' one list (float class -> Q class).
 _Q_TYPE_NAME = {q: f.__name__ for f, q in L.CONVERTIBLE.items()}
+_TRACE = "_bfp_trace"  # the model's GemmTrace, kept for later conversions (schedules, checkpoints)
+COVERAGE = "bfp_coverage"  # the last conversion's Coverage (bfp.coverage)
 
 
 def _type_name(module: nn.Module) -> Optional[str]:
-    """The config type name of a convertible module (``Conv2d`` for both
-    ``nn.Conv2d`` and ``QConv2d``), or ``None`` if it is not convertible."""
-    for q, name in _Q_TYPE_NAME.items():
-        if isinstance(module, q):
-            return name
-    f = type(module)  # exact type: a subclass may compute something else
-    return f.__name__ if f in L.CONVERTIBLE else None
+    """The config type name of a convertible module (``Conv2d`` for both ``nn.Conv2d`` and
+    ``QConv2d``, ``Linear`` for a transformers ``Conv1D``), or ``None`` if it is not convertible."""
+    return type_name_of(module)
 
 
 def _is_quantized(module: nn.Module) -> bool:
@@ -74,7 +75,17 @@ def _named_attention(model: nn.Module) -> nn.Module:
     return model
 
 
-def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
+def trace_model(model: nn.Module, example_input: Any) -> nn.Module:
+    """Trace one forward of ``example_input`` (``bfp.trace``) and keep it on ``model`` for every
+    later ``convert``; ``nn.MultiheadAttention`` is replaced first (``_named_attention``). Returns
+    the model (use the return value). An input the model does not take raises as its forward does."""
+    model = _named_attention(model)
+    model.__dict__[_TRACE] = trace_gemms(model, example_input, describe_input(example_input))
+    return model
+
+
+def convert(model: nn.Module, config: ConfigLike, example_input: Any = None, *,
+            module_filter: Optional[Callable[[nn.Module, str], bool]] = None, strict: bool = False) -> nn.Module:
     """Quantize ``model``'s layers as ``config`` says, in place, and return the model.
 
     ``config``: a preset name (``"ResNet18_FB12"``, looked up in ``./conf_net``
@@ -85,18 +96,46 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
     precision) and keep their class. Raises ``ConfigError`` when a layer the
     config names matches no convertible module, suggesting the closest names.
 
+    ``example_input`` (a tensor, a tuple of arguments or a dict of keyword arguments): one
+    forward of it is traced (``bfp.trace``) to find every GEMM the model computes, in order:
+    modules that call ``F.scaled_dot_product_attention`` or ``torch.matmul``/``@`` in their own
+    forward get named products (``bfp.routes``), ``@first``/``@last`` mean the first and last
+    GEMM executed, and the coverage (``bfp.coverage``: "N of M GEMMs quantized", what stays FP32
+    and why) is kept as ``model.bfp_coverage`` for ``conversion_report``. The trace is kept on
+    the model, so later conversions (schedules, checkpoints) need no input. Without one, only
+    module types are seen (``nn.Linear``, ``nn.Conv1d/2d``, transformers ``Conv1D``, ``Matmul``)
+    and ``@first``/``@last`` follow registration order.
+
+    ``module_filter(module, fqn) -> bool``: a layer for which it returns False stays in full
+    precision (as torchao's ``filter_fn``). ``strict=True``: a GEMM of the traced forward that
+    no rule quantizes and no rule, ``@first``/``@last`` or the filter keeps in full precision on
+    purpose (an unsupported op such as ``einsum``, a layer only the default covers) is a
+    ``ConfigError``; it needs ``example_input`` (or a model traced before).
+
     When ``model`` itself is a convertible layer the returned object is its
     replacement, so always use the return value.
     """
     cfg = load_config(config)
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
-    model = route_sdpa(_named_attention(model))
+    module_filter = filter_of(module_filter)
+    model = _named_attention(model) if example_input is None else trace_model(model, example_input)
+    trace = model.__dict__.get(_TRACE)
+    if strict and trace is None:
+        raise ValueError("convert(strict=True) needs `example_input`: coverage is measured on a traced forward")
+    if trace is not None:
+        route(model, trace)
     layers = convertible_layers(model)
     if getattr(model, "bfp_config_renames", ()):  # torchvision models: CIFAR preset names (bfp.config.rename)
         cfg = adapt_names(cfg, model.bfp_config_renames, layers)
     modules = {n: type(m).__name__ for n, m in model.named_modules()}
-    plan = cfg.assign(layers, modules)
+    order = None if trace is None else tuple(n for n in trace.execution_order() if n in layers)
+    plan = cfg.assign(layers, modules, order)
+    filtered = {n for n in layers if module_filter is not None and plan[n] is not None
+                and not module_filter(model.get_submodule(n) if n else model, n)}
+    if trace is not None:  # checked before any layer is swapped: a refusal leaves the model as it was
+        cov = coverage_of(trace, cfg, layers, order, plan, filtered)
+        cov.check(cfg, strict)
     # id(module) -> what stands for it under every name: a module shared by several
     # names (weight tying) is decided once, by its first name.
     decided: dict[int, nn.Module] = {}
@@ -104,11 +143,11 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
         if name not in layers:
             continue
         if id(module) not in decided:
-            precision = plan[name]
+            precision = None if name in filtered else plan[name]
             if _is_quantized(module):
                 module.set_precision(precision if precision is not None else LayerPrecision())
             elif precision is not None and precision.enabled:
-                decided[id(module)] = L.CONVERTIBLE[type(module)].from_float(module, precision)
+                decided[id(module)] = L.quantized_twin(module).from_float(module, precision)
             decided.setdefault(id(module), module)
         new = decided[id(module)]
         if new is module:
@@ -117,6 +156,9 @@ def convert(model: nn.Module, config: ConfigLike) -> nn.Module:
             model = new
         else:
             _set_submodule(model, name, new)
+    if trace is not None:
+        model.__dict__[_TRACE] = trace
+        model.__dict__[COVERAGE] = cov
     return model
 
 
@@ -197,6 +239,9 @@ def conversion_report(model: nn.Module) -> str:
         return f"no convertible layers ({', '.join(CONVERTIBLE_TYPES)})"
     summary = (f"{n_on} of {len(entries)} convertible layers quantized "
                f"({n_q} converted, {len(entries) - n_on} in full precision)")
+    cov = model.__dict__.get(COVERAGE)
+    summary += "\n" + (cov.report() if cov is not None else
+                       "GEMMs inside forward methods not traced (convert with example_input to see them)")
     return _table(header, rows) + "\n" + summary
 
 

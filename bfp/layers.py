@@ -29,8 +29,8 @@ from .formats import Format, format_from_name
 from .precision import LayerPrecision
 from .scaled import Scaled
 
-__all__ = ["QConv1d", "QConv2d", "QLinear", "QMatmul", "Matmul", "CONVERTIBLE", "QUANTIZED_TYPES",
-           "chain_quantize_hooks", "restore_quantize_hooks"]
+__all__ = ["QConv1d", "QConv2d", "QLinear", "QTransposedLinear", "QMatmul", "Matmul", "CONVERTIBLE",
+           "QUANTIZED_TYPES", "quantized_twin", "chain_quantize_hooks", "restore_quantize_hooks"]
 
 
 def _check_precision(precision: Optional[LayerPrecision]) -> LayerPrecision:
@@ -128,6 +128,43 @@ class QLinear(_QuantizedMixin, nn.Linear):
         return f"{super().extra_repr()}, {self._precision_repr()}"
 
 
+def is_transposed_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is a Hugging Face ``transformers.pytorch_utils.Conv1D`` (GPT-2's projections):
+    a linear map whose weight is stored transposed, (in, out), computed as ``addmm(bias, x, weight)``.
+    Recognised by its class name and attributes, so bfp never imports transformers."""
+    w = getattr(module, "weight", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int)
+            and isinstance(w, nn.Parameter) and w.dim() == 2 and w.shape[1] == module.nf)
+
+
+class QTransposedLinear(QLinear):
+    """A ``transformers`` ``Conv1D`` (weight (in, out)) with the nine points of a ``Linear``.
+
+    The points see the weight as a Linear's, ``weight.t()`` of shape (out, in), so every axis in a
+    config means what it means for ``nn.Linear`` (the config type name is ``Linear``). The Parameter
+    and its state_dict key stay the model's own. With quantization off it computes exactly as
+    ``Conv1D.forward`` (``torch.addmm(bias, x, weight)``), bit for bit, gradients included.
+    """
+
+    @classmethod
+    def from_float(cls, module: nn.Module, precision: Optional[LayerPrecision] = None) -> "QTransposedLinear":
+        if not (is_transposed_linear(module) or isinstance(module, QTransposedLinear)):
+            raise ValueError(f"{cls.__name__}.from_float needs a transformers Conv1D, got {type(module).__name__}")
+        n_in, n_out = module.weight.shape
+        with torch.device("meta"):
+            new = cls(n_in, n_out, module.bias is not None, precision=precision)
+        new._adopt(module)
+        new._sync_histories()
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.precision.enabled:
+            out = x.reshape(-1, x.shape[-1])
+            out = torch.addmm(self.bias, out, self.weight) if self.bias is not None else out @ self.weight
+            return out.view(x.shape[:-1] + (self.out_features,))
+        return bfpF.qlinear(x, self.weight.t(), self.bias, **self._gemm_kwargs())
+
+
 class _QConvNd(_QuantizedMixin):
     _dims = 2
     _float_type: type = nn.Conv2d
@@ -210,6 +247,17 @@ class QMatmul(_QuantizedMixin, nn.Module):
 # The one list of convertible layer types: float class -> its quantized twin, in
 # the order configs and reports name them. Conversion and config derive from it.
 CONVERTIBLE: dict[type, type] = {nn.Conv1d: QConv1d, nn.Conv2d: QConv2d, nn.Linear: QLinear, Matmul: QMatmul}
+
+
+def quantized_twin(module: nn.Module) -> Optional[type]:
+    """The Q-layer class that replaces ``module`` (its exact type in ``CONVERTIBLE``, or a transformers
+    ``Conv1D``), or None when it is not convertible."""
+    twin = CONVERTIBLE.get(type(module))  # exact type: a subclass may compute something else
+    if twin is None and is_transposed_linear(module):
+        return QTransposedLinear
+    return twin
+
+
 # The torch.nn layers among them (Matmul is bfp's own module).
 QUANTIZED_TYPES = {f: q for f, q in CONVERTIBLE.items() if f is not Matmul}
 

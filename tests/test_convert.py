@@ -214,7 +214,7 @@ def test_conversion_report_table():
     assert row == ["layer1.0.conv1", "QConv2d", "64x64x3x3", "fb12", "fb12", "-", "fb12", "fb12", "-",
                    "fb16", "fb16", "-"]
     assert next(line for line in lines if line.startswith("linear ")).split()[1:3] == ["Linear", "10x512"]
-    assert lines[-1].startswith("16 of 21 convertible layers quantized")
+    assert lines[-2].startswith("16 of 21 convertible layers quantized") and "not traced" in lines[-1]
     acc = convert(model(), {"version": 1, "backward_source": "quantized",
                             "accumulator": {"fmt": "bfloat16"},
                             "default": {"operands": {"bfp": 6, "group": [1, 16, 1, 1], "rounding": "nearest"}}})

@@ -1,4 +1,5 @@
-"""route_sdpa: models that call F.scaled_dot_product_attention get named, quantizable products."""
+"""bfp.routes: models that call F.scaled_dot_product_attention or torch.matmul in their forward get named,
+quantizable products, found by tracing one forward (bfp.trace), not by reading source."""
 import copy
 
 import pytest
@@ -7,7 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bfp import quantize
-from bfp.attention import route_sdpa
+from bfp.routes import route
+from bfp.trace import trace_gemms
 from bfp.conversion import convert
 from bfp.layers import Matmul, QMatmul
 
@@ -30,6 +32,10 @@ class HandWritten(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal, scale=self.scale,
                                            enable_gqa=self.kv_heads != self.heads)
         return self.out(y.transpose(1, 2).reshape(n, t, dim))
+
+
+def route_sdpa(net, *example):
+    return route(net, trace_gemms(net, example or (torch.randn(2, 5, 8, dtype=next(net.parameters()).dtype),)))
 
 
 class Net(nn.Module):
@@ -55,7 +61,7 @@ def test_routed_sdpa_equals_pytorchs_forward_and_backward(kw, mask):
         m = torch.randn(6, 6, dtype=torch.float64)
     y_ref = net(x, m)
     g_ref, = torch.autograd.grad(y_ref.square().sum(), x)
-    routed = route_sdpa(copy.deepcopy(net))
+    routed = route_sdpa(copy.deepcopy(net), x, m)
     assert isinstance(routed.attn.qk, Matmul) and isinstance(routed.attn.pv, Matmul)
     ran = []
     for mm in (routed.attn.qk, routed.attn.pv):
@@ -78,7 +84,7 @@ def test_converted_sdpa_rounds_q_k_p_and_v_where_the_points_say():
     ref = copy.deepcopy(net)
     model = convert(net, {"version": 1, "rules": [
         {"match": "*.qk", "precision": {"fi": "fp8_e4m3", "fw": "fp8_e4m3"}},
-        {"match": "*.pv", "precision": {"fi": "fp8_e4m3", "fw": "fp8_e4m3"}}]})
+        {"match": "*.pv", "precision": {"fi": "fp8_e4m3", "fw": "fp8_e4m3"}}]}, example_input=x)
     assert isinstance(model.attn.qk, QMatmul) and isinstance(model.attn.pv, QMatmul)
     fmt = model.attn.qk.precision.fi
     a, h = ref.attn, ref.embed(x)
@@ -105,12 +111,13 @@ def test_a_module_whose_product_names_are_taken_is_refused():
         def __init__(self):
             super().__init__()
             self.qk = nn.Identity()
-    with pytest.raises(ValueError, match="calls F.scaled_dot_product_attention but already has \\['qk'\\]"):
-        route_sdpa(nn.Sequential(Clash()))
+    with pytest.raises(ValueError, match="computes products in its forward but already has \\['qk'\\]"):
+        route_sdpa(nn.Sequential(Clash()), torch.randn(2, 5, 16))
 
 
 def test_a_rule_for_the_probabilities_says_where_they_are():
     from bfp.config import ConfigError
     with pytest.raises(ConfigError, match=r"'\*\.attn\.p': matches no convertible layer .*they are the fi point "
                                           r"of the pv product, e.g. \*\.attn\.pv, and their gradient its bio"):
-        convert(Net(), {"version": 1, "rules": [{"match": "*.attn.p", "precision": {"fi": "fp8_e4m3"}}]})
+        convert(Net(), {"version": 1, "rules": [{"match": "*.attn.p", "precision": {"fi": "fp8_e4m3"}}]},
+                example_input=torch.randn(2, 5, 8))

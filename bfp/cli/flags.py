@@ -104,6 +104,9 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--bfp", dest="network_config", default=None, metavar="CONFIG",
                    help="network config: a preset name from conf_net/ (e.g. ResNet18_FB16), a JSON path; "
                         "omitted: FP32")
+    g.add_argument("--strict-coverage", **b, default=False,
+                   help="refuse a --bfp config that leaves a GEMM of the model's forward in FP32 without a "
+                        "rule saying so (an unsupported op, a layer only the default covers)")
     g.add_argument("-tc", "--train-config-file", default=None, metavar="NAME",
                    help="training config: NAME in conf_train/ (NAME.json) or a path; presets flags and "
                         "schedules precision (bfp-layer-conf-dict) and optimizer (optimizer-dict) by epoch")

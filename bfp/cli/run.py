@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import torch
 
-from ..conversion import precision_state
+from ..conversion import precision_state, trace_model
 from ..dynamic import DynamicPrecision
 from ..data import DataError
 from ..engine.diagnose import DiagnoseCallback
@@ -76,18 +76,17 @@ def make_model(task: Task, args: argparse.Namespace, num_classes: int, in_channe
     # A model built for other inputs (MLPMixer's image_size) fails now with its
     # options named, not mid-training.
     example, words = task.hooks.example_input(args, in_channels)
-    try:
-        with torch.no_grad():
-            model.eval()(example)
+    try:  # the trial forward is also the trace that finds every GEMM (bfp.trace)
+        model = trace_model(model, example)
     except RuntimeError as e:
         opts = " ".join(f"--model-opt {k}={v}" for k, v in args.model_opt) or "(no --model-opt)"
         raise UsageError(f"--model {args.model} {opts} does not take {words}: {e}") from None
     return model.train()
 
 
-def convert(model, config: Any, flag: str):
+def convert(model, config: Any, flag: str, strict: bool = False):
     try:
-        return convert_model(model, config)
+        return convert_model(model, config, strict=strict)
     except (ValueError, KeyError, FileNotFoundError) as e:  # ConfigError is a ValueError
         raise UsageError(f"{flag} {config if isinstance(config, str) else '(dict)'}: {e}") from None
 
@@ -133,7 +132,8 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
     initial = spec.initial_config
     from_plan = resumed is None and args.network_config is None and 0 in plan.precision
     model = convert(model, initial, "checkpoint network config" if resumed is not None else
-                    f"-tc {args.train_config_file}: bfp-layer-conf-dict[0]" if from_plan else "--bfp")
+                    f"-tc {args.train_config_file}: bfp-layer-conf-dict[0]" if from_plan else "--bfp",
+                    strict=args.strict_coverage)
     check_plan_configs(model, plan, initial, args.train_config_file)
 
     writes = args.log or args.save

@@ -30,6 +30,16 @@ MATCH_KINDS = ("exact", "glob", "regex", "first", "last")
 # their gradients); an MX axis must lie in [-rank, rank). Linear and Matmul take 2 or more
 # dimensions: 2 is what every one of their tensors has.
 TENSOR_RANK = {"Conv1d": 3, "Conv2d": 4, "Linear": 2, "Matmul": 2}
+# The contraction axis of each GEMM operand, by layer type and point: where a block format's
+# blocks (MX, NVFP4 with 1-D blocks) must lie. Linear: x (..., C) and W (O, C) forward, the output
+# gradient (.., O) and W along O for the input gradient, g and x along the rows (-2) for the weight
+# gradient. Matmul a @ b: a along -1, b along -2 forward; g along -1 and b along -1 for a's
+# gradient; g and a along -2 for b's. Conv: channels (1) forward and for the input gradient's g,
+# the weight's O (0) for biw, the batch (0) for the weight gradient.
+_CONV_AXES = {"fi": 1, "fw": 1, "bio": 1, "biw": 0, "bwo": 0, "bwi": 0}
+CONTRACTION_AXIS = {"Conv1d": _CONV_AXES, "Conv2d": _CONV_AXES,
+                    "Linear": {"fi": -1, "fw": -1, "bio": -1, "biw": 0, "bwo": -2, "bwi": -2},
+                    "Matmul": {"fi": -1, "fw": -2, "bio": -1, "biw": -1, "bwo": -2, "bwi": -2}}
 
 
 def _match_kind(pattern: str) -> str:
@@ -47,7 +57,8 @@ class Rule:
 
     ``match``: a module name (exact), a glob (``layer*.conv1``, fnmatch on the
     whole name), ``re:<regex>`` (full match), or ``@first``/``@last`` (the
-    first/last convertible module in registration order). A leading ``net.``
+    first/last GEMM the model computes, in the execution order of a traced forward
+    (``bfp.convert(..., example_input=...)``); without a trace, registration order). A leading ``net.``
     (the original's prefix) also matches names without it. ``required``: a
     rule that matches no module is an error unless False.
     """
@@ -120,22 +131,26 @@ class NetConfig:
     def resolve(self, name: str, type_name: Optional[str] = None,
                 order: tuple[str, ...] = ()) -> Optional[LayerPrecision]:
         """The precision of the layer called ``name`` (``None`` = full precision)."""
-        for rule in self.rules:
-            if rule.matches(name, type_name, order):
-                return rule.precision
-        return self.default
+        rule = self.deciding_rule(name, type_name, order)
+        return self.default if rule is None else rule.precision
 
-    def assign(self, layers: Mapping[str, str], modules: Optional[Mapping[str, str]] = None
-               ) -> dict[str, Optional[LayerPrecision]]:
+    def deciding_rule(self, name: str, type_name: Optional[str] = None,
+                      order: tuple[str, ...] = ()) -> Optional[Rule]:
+        """The first rule that matches layer ``name`` (None: the default decides)."""
+        return next((r for r in self.rules if r.matches(name, type_name, order)), None)
+
+    def assign(self, layers: Mapping[str, str], modules: Optional[Mapping[str, str]] = None,
+               order: Optional[tuple[str, ...]] = None) -> dict[str, Optional[LayerPrecision]]:
         """Precision per convertible layer: ``layers`` maps each name to its type
-        name (``Conv2d``, ``Linear``, ...), in registration order.
+        name (``Conv2d``, ``Linear``, ...); ``order`` is what ``@first``/``@last`` mean (the
+        execution order of a traced forward; default: ``layers``' registration order).
 
         Raises ``ConfigError`` naming every required rule that matches no
         layer, with the closest real names; ``modules`` (every module name ->
         class name) lets the message say when a name is a module of a type
         that cannot be converted.
         """
-        order = tuple(layers)
+        order = tuple(layers) if order is None else tuple(order)
         used: set[int] = set()
         out: dict[str, Optional[LayerPrecision]] = {}
         for name, type_name in layers.items():
@@ -193,6 +208,14 @@ class NetConfig:
                                   f"{type(fmt).__name__} axis "
                                   f"{fmt.axis} is out of range; a {type_name}'s tensors have {rank} "
                                   f"dimensions, allowed axes: {-rank}..{rank - 1}")
+            want = CONTRACTION_AXIS[type_name].get(point)
+            if (want is not None and isinstance(fmt, (MX, NVFP4)) and isinstance(fmt.block, int)
+                    and fmt.axis % rank != want % rank):
+                raise ConfigError(f"{self.source}: layer {name!r} ({type_name}), point {point}: "
+                                  f"{type(fmt).__name__} blocks lie along axis {fmt.axis}, but this point's "
+                                  f"GEMM contracts along axis {want}; give the point its own format with "
+                                  f"\"axis\": {want} (the any_mxfp8 / any_nvfp4 presets list the axis of "
+                                  f"every point)")
 
     def to_dict(self) -> dict[str, Any]:
         """The rule form (formats as saved dicts) that ``load_config`` loads back."""

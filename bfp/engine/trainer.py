@@ -80,9 +80,9 @@ class TrainConfig:
 FP32_CONFIG = {"version": 1, "default": "full"}
 
 
-def convert_model(model: nn.Module, config: Any) -> nn.Module:
-    """``bfp.convert(model, config)``; ``config`` None means FP32."""
-    return convert(model, FP32_CONFIG if config is None else config)
+def convert_model(model: nn.Module, config: Any, strict: bool = False) -> nn.Module:
+    """``bfp.convert(model, config)``; ``config`` None means FP32 (never strict)."""
+    return convert(model, FP32_CONFIG if config is None else config, strict=strict and config is not None)
 
 
 def topk_correct(logits: torch.Tensor, target: torch.Tensor, ks=(1, 5)) -> list[torch.Tensor]:

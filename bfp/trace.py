@@ -1,0 +1,199 @@
+"""Which GEMMs a model computes, found by running it: one forward of an example input, op by op.
+
+``trace_gemms(model, example_input)`` runs ``model`` once (eval mode, no autograd, the global
+random state saved and restored, training flags put back) under a ``TorchFunctionMode`` and
+forward hooks on every module, and records each GEMM as a ``Site``, in the order the forward
+first reaches it:
+
+============  ====================================================================================
+``layer``     a call of a convertible module (``nn.Linear``, ``nn.Conv1d``/``Conv2d``,
+              ``bfp.layers.Matmul``, a transformers ``Conv1D``, or their Q-layers); what runs
+              inside it belongs to it
+``sdpa``      ``F.scaled_dot_product_attention`` called in another module's own forward (not in a
+              child's): two products, q k^T and p v, which routing gives that module as ``qk``/``pv``
+``matmul``    ``torch.matmul``/``@``/``bmm``/``mm`` in a module's own forward: one product, routed
+              as ``matmul<i>``
+``unsupported``  another GEMM-like op in a module's own forward (``einsum``, ``addmm``,
+              ``baddbmm``, ``F.linear``/``F.conv*`` called directly, ...): it stays FP32 and the
+              conversion report says so
+============  ====================================================================================
+
+A site's ``index`` counts the calls of its kind in one forward of its owner, so a module called
+several times (a shared block) gives each site once. No source text is read: what the model
+computes decides.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+from .layers import CONVERTIBLE, QTransposedLinear, quantized_twin
+
+__all__ = ["Site", "GemmTrace", "trace_gemms", "MATMUL_FUNCS", "SDPA", "type_name_of"]
+
+SDPA = F.scaled_dot_product_attention
+# a @ b, torch.matmul, a.matmul(b), bmm, mm: one product each (Tensor.__matmul__ arrives as Tensor.matmul).
+MATMUL_FUNCS = {torch.matmul: "matmul", Tensor.matmul: "matmul", Tensor.__rmatmul__: "rmatmul",
+                torch.bmm: "bmm", Tensor.bmm: "bmm", torch.mm: "mm", Tensor.mm: "mm"}
+_UNSUPPORTED = {torch.einsum: "einsum", torch.addmm: "addmm", Tensor.addmm: "addmm", torch.baddbmm: "baddbmm",
+                Tensor.baddbmm: "baddbmm", torch.addbmm: "addbmm", torch.tensordot: "tensordot",
+                torch.linalg.multi_dot: "multi_dot", torch.chain_matmul: "chain_matmul", F.bilinear: "bilinear",
+                F.linear: "F.linear", F.conv1d: "F.conv1d", F.conv2d: "F.conv2d", F.conv3d: "F.conv3d",
+                F.conv_transpose1d: "F.conv_transpose1d", F.conv_transpose2d: "F.conv_transpose2d",
+                F.conv_transpose3d: "F.conv_transpose3d", torch.addmv: "addmv", torch.mv: "mv", Tensor.mv: "mv"}
+_Q_TYPES = {q: f.__name__ for f, q in CONVERTIBLE.items()}
+
+
+def type_name_of(module: nn.Module) -> Optional[str]:
+    """The config type name of a convertible or converted module (``Linear`` for ``nn.Linear``,
+    ``QLinear`` and a transformers ``Conv1D``), or None."""
+    if isinstance(module, QTransposedLinear):
+        return "Linear"
+    for q, name in _Q_TYPES.items():
+        if isinstance(module, q):
+            return name
+    twin = quantized_twin(module)
+    if twin is None:
+        return None
+    return "Linear" if twin is QTransposedLinear else type(module).__name__
+
+
+@dataclass(frozen=True)
+class Site:
+    """One GEMM of the traced forward (module docstring): ``kind``, the ``owner`` module's name
+    (``""``: the model itself), ``op`` (the config type name of a layer, or the function's name)
+    and ``index`` (its kind's n-th call in one forward of the owner)."""
+
+    kind: str
+    owner: str
+    op: str
+    index: int = 0
+
+    def layer_names(self) -> tuple[str, ...]:
+        """The convertible modules that compute this site once routed (none for ``unsupported``)."""
+        pre = f"{self.owner}." if self.owner else ""
+        if self.kind == "layer":
+            return (self.owner,)
+        if self.kind == "sdpa":
+            sfx = str(self.index) if self.index else ""
+            return (f"{pre}qk{sfx}", f"{pre}pv{sfx}")
+        if self.kind == "matmul":
+            return (f"{pre}matmul{self.index}",)
+        return ()
+
+    def describe(self) -> str:
+        where = self.owner or "(model)"
+        return f"{self.op} in {where}" + (f" (call {self.index + 1})" if self.index else "")
+
+
+@dataclass(frozen=True)
+class GemmTrace:
+    """The sites of one traced forward, in execution order, and what the forward was given."""
+
+    sites: tuple[Site, ...]
+    input_desc: str = ""
+
+    def execution_order(self) -> tuple[str, ...]:
+        """Convertible-layer names in the order the forward computes them (routed names included)."""
+        out: list[str] = []
+        for s in self.sites:
+            out.extend(n for n in s.layer_names() if n not in out)
+        return tuple(out)
+
+    def routed(self, kind: str) -> dict[str, int]:
+        """Owner -> number of ``kind`` (``sdpa`` / ``matmul``) sites per forward, for routing."""
+        out: dict[str, int] = {}
+        for s in self.sites:
+            if s.kind == kind:
+                out[s.owner] = max(out.get(s.owner, 0), s.index + 1)
+        return out
+
+
+class _Recorder(TorchFunctionMode):
+    def __init__(self, stack: list, sites: dict):
+        super().__init__()
+        self.stack, self.sites = stack, sites
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.stack and not any(frame[2] for frame in self.stack):  # inside a convertible layer: its own
+            name, _, _, counts = self.stack[-1]
+            kind = "sdpa" if func is SDPA else "matmul" if func in MATMUL_FUNCS else \
+                "unsupported" if func in _UNSUPPORTED else None
+            if kind is not None:
+                op = "scaled_dot_product_attention" if kind == "sdpa" else MATMUL_FUNCS.get(func) or _UNSUPPORTED[func]
+                key = kind if kind != "unsupported" else op
+                self.sites.setdefault(Site(kind, name, op, counts[key]), None)
+                counts[key] += 1
+        return func(*args, **kwargs)
+
+
+def _call(model: nn.Module, example_input: Any):
+    if isinstance(example_input, dict):
+        return model(**example_input)
+    if isinstance(example_input, (tuple, list)):
+        return model(*example_input)
+    return model(example_input)
+
+
+def trace_gemms(model: nn.Module, example_input: Any, input_desc: str = "") -> GemmTrace:
+    """Run ``model`` once on ``example_input`` (a tensor, a tuple of positional arguments or a
+    dict of keyword arguments) and return its ``GemmTrace`` (module docstring). The model's
+    parameters, buffers (eval mode: batch norm statistics untouched), training flags and the
+    global random state are as before."""
+    names = {id(m): n for n, m in model.named_modules()}
+    stack: list = []
+    sites: dict[Site, None] = {}
+
+    def pre(module, args):
+        name = names.get(id(module), "?")
+        layer = type_name_of(module)
+        if layer is not None and not any(frame[2] for frame in stack):
+            sites.setdefault(Site("layer", name, layer), None)
+        stack.append((name, module, layer is not None, Counter()))
+
+    def post(module, args, output):
+        stack.pop()
+
+    handles = []
+    modes = {m: m.training for m in model.modules()}
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        for m in model.modules():
+            handles.append(m.register_forward_pre_hook(pre))
+            handles.append(m.register_forward_hook(post, always_call=True))
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), _Recorder(stack, sites):
+            model.eval()
+            _call(model, example_input)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes.items():
+            m.training = training
+    return GemmTrace(tuple(sites), input_desc)
+
+
+def describe_input(example_input: Any) -> str:
+    """``"1x3x32x32 float32"``-style words for a report."""
+    def one(t):
+        return "x".join(map(str, t.shape)) + f" {str(t.dtype).replace('torch.', '')}" if isinstance(t, Tensor) \
+            else type(t).__name__
+    if isinstance(example_input, dict):
+        return ", ".join(f"{k}={one(v)}" for k, v in example_input.items())
+    if isinstance(example_input, (tuple, list)):
+        return ", ".join(one(t) for t in example_input)
+    return one(example_input)
+
+
+def filter_of(module_filter: Optional[Callable[[nn.Module, str], bool]]):
+    """``module_filter`` checked: a callable ``(module, fqn) -> bool`` or None."""
+    if module_filter is not None and not callable(module_filter):
+        raise ValueError(f"`module_filter` must be a callable (module, fqn) -> bool or None, got {module_filter!r}")
+    return module_filter
