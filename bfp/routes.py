@@ -9,7 +9,9 @@ module runs its forward, a ``TorchFunctionMode`` computes the n-th call of its k
 
 * SDPA as ``bfp.attention.products`` (``p = softmax(qk(q, k^T) * scale + masks)``, ``pv(p, v)``;
   its arguments: ``attn_mask`` bool or float, ``dropout_p``, ``is_causal`` top-left aligned,
-  ``scale``, ``enable_gqa``); with quantization off equal to SDPA within float rounding.
+  ``scale``, ``enable_gqa``), equal to SDPA within float rounding when nothing is rounded. While
+  neither product quantizes anything (plain ``Matmul``s, or quantization off and no hook), the
+  call is PyTorch's own SDPA, so an unquantized model computes bit for bit as before.
 * a product ``a @ b`` as ``matmul<i>(a, b)`` (``a`` takes the input points, ``b`` the weight
   points); with quantization off it is the same ``torch.matmul``, bit for bit.
 
@@ -76,11 +78,19 @@ class _Route(TorchFunctionMode):
             return func(*args, **kwargs)
         if kind == "sdpa":
             sfx = str(i) if i else ""
-            return _sdpa(getattr(self.owner, f"qk{sfx}"), getattr(self.owner, f"pv{sfx}"), *args, **kwargs)
+            qk, pv = getattr(self.owner, f"qk{sfx}"), getattr(self.owner, f"pv{sfx}")
+            if _off(qk) and _off(pv):  # nothing to round: PyTorch's own function, bit for bit
+                return func(*args, **kwargs)
+            return _sdpa(qk, pv, *args, **kwargs)
         a, b = args[:2]
         if func is torch.Tensor.__rmatmul__:
             a, b = b, a
         return getattr(self.owner, f"matmul{i}")(a, b)
+
+
+def _off(m: nn.Module) -> bool:
+    """A product that rounds nothing: a plain ``Matmul``, or a ``QMatmul`` with quantization off and no hook."""
+    return isinstance(m, Matmul) or (not m.precision.enabled and m.quantize_hook is None)
 
 
 def _sdpa(qk: nn.Module, pv: nn.Module, query: Tensor, key: Tensor, value: Tensor,

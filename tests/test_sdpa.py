@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bfp import quantize
+from bfp import Float, LayerPrecision, quantize
 from bfp.routes import route
 from bfp.trace import trace_gemms
 from bfp.conversion import convert
@@ -63,8 +63,12 @@ def test_routed_sdpa_equals_pytorchs_forward_and_backward(kw, mask):
     g_ref, = torch.autograd.grad(y_ref.square().sum(), x)
     routed = route_sdpa(copy.deepcopy(net), x, m)
     assert isinstance(routed.attn.qk, Matmul) and isinstance(routed.attn.pv, Matmul)
+    assert torch.equal(routed(x, m), y_ref)  # nothing rounded: PyTorch's own SDPA, bit for bit
+    routed.attn.qk = QMatmul(LayerPrecision(fi=Float(8, 23))).double()
+    routed.attn.pv = QMatmul(LayerPrecision(fi=Float(8, 23))).double()
     ran = []
-    for mm in (routed.attn.qk, routed.attn.pv):
+    for mm in (routed.attn.qk, routed.attn.pv):  # an identity hook: quantized layers that round nothing
+        mm.quantize_hook = lambda layer, point, t, fmt: t
         mm.register_forward_hook(lambda mod, args, out: ran.append(mod))
     y = routed(x, m)
     assert ran == [routed.attn.qk, routed.attn.pv]  # the call went through the named products
@@ -73,7 +77,7 @@ def test_routed_sdpa_equals_pytorchs_forward_and_backward(kw, mask):
     q = torch.randn(1, 2, 3, 4, dtype=torch.float64)  # outside the module's forward the function is PyTorch's
     assert torch.allclose(F.scaled_dot_product_attention(q, q, q),
                           torch.softmax(q @ q.transpose(-2, -1) / 2, -1) @ q, atol=1e-12) and len(ran) == 2
-    route_sdpa(routed)  # routing again changes nothing
+    route_sdpa(routed, x, m)  # routing again changes nothing
     assert len(routed.attn._forward_pre_hooks) == 1 and list(routed.state_dict()) == list(net.state_dict())
 
 
