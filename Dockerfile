@@ -1,7 +1,10 @@
 # bfpsim with CUDA PyTorch (the README's Docker section):
 #   docker build . -t $(whoami)/bfpsim:latest
 # devel, not runtime: Numba's CUDA kernels need the toolkit's NVVM/libdevice.
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel
+# BASE: any image with python3 and pip on PATH (docker/smoke.sh builds one from Debian packages
+# where the default cannot be pulled).
+ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel
+FROM ${BASE}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -9,8 +12,10 @@ ENV PYTHONUNBUFFERED=1 \
     TORCH_HOME=/app/.torch
 WORKDIR /app
 COPY . .
-# Editable: `docker run -v "$(pwd)":/app` mounts a working tree over /app and runs it.
-RUN pip install --no-cache-dir -e ".[cuda]" \
+# Installed as a wheel is (not editable): the image holds every package it ships. A working tree
+# mounted over /app (`docker run -v "$(pwd)":/app`) still runs its own scripts and bfp/ first.
+ARG EXTRAS=cuda
+RUN pip install --no-cache-dir "./[${EXTRAS}]" \
     && useradd --create-home --uid 1000 --user-group bfp \
     && mkdir -p /app/runs /app/data /app/.torch /dataset \
     && chown -R bfp:bfp /app/runs /app/data /app/.torch

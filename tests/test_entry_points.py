@@ -51,24 +51,40 @@ def test_bfp_names_a_bad_command_and_the_good_ones():
         SCRIPTS["bfp"], ["cifar", "-d", "digits", "--training-epochs", "0"]).stderr
 
 
+def _site_dirs() -> list[str]:
+    import site
+    return [d for d in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(d)]
+
+
 def test_wheel_installed_outside_the_source_tree_runs_a_shipped_training_config(tmp_path):
     """Not editable, run from another directory: presets (conf_net) and training
     configs (conf_train) come from the wheel's package data. The wheel goes into a
-    target folder put first on PYTHONPATH for this very interpreter, so the test works
-    however the caller's Python was set up (system, venv, conda): the dependencies
-    (torch, numba ...) are the ones the calling environment has."""
+    target folder; the run uses ``python -S`` (no site processing, so no ``.pth`` file
+    and no editable install's import finder can supply a module the wheel lacks) with
+    the target first and this interpreter's site-packages after it, for the
+    dependencies (torch, numba ...). The wheel must hold every package of the tree."""
+    import zipfile
     wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "target", tmp_path / "elsewhere"
     elsewhere.mkdir()
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
                    check=True, capture_output=True, timeout=300)
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), *map(str, wheels.glob("*.whl"))],
+    wheel, = wheels.glob("*.whl")
+    shipped = {os.path.dirname(n) for n in zipfile.ZipFile(wheel).namelist() if n.startswith("bfp/")}
+    in_tree = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "bfp").rglob("*.py") if "__pycache__" not in p.parts}
+    in_tree |= {str(p.parent.relative_to(ROOT)) for p in (ROOT / "bfp").rglob("*.json")}
+    assert in_tree - shipped == set() and {"bfp/data", "bfp/diagnostics", "bfp/conf_net"} <= shipped
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=300)
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    where = subprocess.run([sys.executable, "-c", "import bfp; print(bfp.__file__)"], cwd=elsewhere, env=env,
-                           capture_output=True, text=True, check=True).stdout
-    assert str(target) in where, where  # the wheel, not the source tree (nor an editable install)
-    r = subprocess.run([str(target / "bin" / "bfp"), "cifar", "-tc", "digits_demo", "--training-epochs", "1",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(target), *_site_dirs()])}
+    py = [sys.executable, "-S"]
+    where = subprocess.run([*py, "-c", "import bfp, bfp.cli.main, bfp.data, bfp.diagnostics; print(bfp.__file__); "
+                            "import sys; print([f for f in sys.meta_path if 'editable' in repr(f)])"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert str(target) in where.stdout and where.stdout.strip().endswith("[]"), where.stdout
+    r = subprocess.run([*py, "-c", "import sys; from bfp.cli import main; sys.exit(main())", "cifar", "-tc",
+                        "digits_demo", "--training-epochs", "1",
                         "--num-workers", "0", "--progress", "False", "--limit-train-images", "256",
                         "--limit-test-images", "64", "--bfp", "ResNet18_FB16"],
                        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
