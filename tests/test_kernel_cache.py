@@ -28,6 +28,19 @@ SCRIPT = textwrap.dedent("""
         kernel = tiled if rule.scale else elementwise
         report[name] = {"hits": sum(kernel.stats.cache_hits.values()),
                         "misses": sum(kernel.stats.cache_misses.values())}
+    from bfp.kernels import nvfp4_cpu, scaled_cpu, hadamard_cpu
+    def stats(kernels):
+        return {"hits": sum(sum(k.stats.cache_hits.values()) for k in kernels),
+                "misses": sum(sum(k.stats.cache_misses.values()) for k in kernels)}
+    y = torch.randn(64, 48)
+    for name in ["nvfp4", "nvfp4_sr"]:  # nearest and stochastic; blocks along rows and along columns
+        fmt = bfp.format_from_name(name)
+        bfp.quantize(y, fmt)
+        bfp.quantize(y, bfp.NVFP4(axis=0, rounding=fmt.rounding))
+        report[name] = stats(nvfp4_cpu.kernels(nvfp4_cpu.MODE[fmt.rounding], fmt.block))
+    scaled = bfp.Scaled(bfp.format_from_name("fp8_e4m3"))
+    bfp.quantize(y, scaled)
+    report["scaled"] = stats([scaled_cpu.amax_bits, scaled_cpu._kernel(scaled_cpu.MODE[scaled.fmt.rounding])])
     print(json.dumps(report))
 """)
 
@@ -46,9 +59,11 @@ def _files(cache: Path) -> dict:
 
 def test_second_process_loads_kernels_from_disk_cache(tmp_path):
     first = _run(tmp_path)
-    assert first == {"fb16": {"hits": 0, "misses": 1}}
+    assert first["fb16"] == {"hits": 0, "misses": 1}
+    for name in ("nvfp4", "nvfp4_sr", "scaled"):  # every kernel that ran compiled once
+        assert first[name]["hits"] == 0 and first[name]["misses"] >= 2, first
     written = _files(tmp_path)
     assert any(name.endswith(".nbc") for name in written), written
     second = _run(tmp_path)
-    assert second == {"fb16": {"hits": 1, "misses": 0}}
+    assert second == {name: {"hits": v["misses"], "misses": 0} for name, v in first.items()}  # compiles nothing
     assert _files(tmp_path) == written  # nothing recompiled, no index entry appended

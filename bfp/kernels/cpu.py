@@ -234,11 +234,20 @@ def _specialise(template, KIND: int, MODE: int, parallel: bool = False, **bound)
     ``.nbc`` file). Here the closure is empty and the (kind, mode) pair is in
     the qualified name, which names the cache's index file.
     """
-    g = dict(template.__globals__, KIND=KIND, MODE=MODE, **bound)
+    return specialise(template, f"{template.__name__.lstrip('_')}_kind{KIND}_mode{MODE}", parallel,
+                      KIND=KIND, MODE=MODE, **bound)
+
+
+def specialise(template, qualname: str, parallel: bool = False, **bound):
+    """``template`` (a plain module-level function) compiled with ``bound`` as compile-time global
+    constants and cached on disk under ``qualname``, which must name every bound value (it names
+    the cache's index file; see ``_specialise`` for why this is not a closure)."""
+    g = dict(template.__globals__, **bound)
     fn = types.FunctionType(template.__code__, g, template.__name__, template.__defaults__)
-    fn.__qualname__ = f"{template.__name__.lstrip('_')}_kind{KIND}_mode{MODE}"
+    fn.__qualname__ = qualname
     fn.__doc__ = template.__doc__
-    return njit(cache=True, parallel=parallel)(fn)
+    with _kernel_cache():
+        return njit(cache=True, parallel=parallel)(fn)
 
 
 @functools.lru_cache(maxsize=None)

@@ -54,7 +54,7 @@ def work_items(nb, C, cols):
     return ncc, per, (nb + per - 1) // per
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=True)
 def _transform(x, out, factor, A, R, C, b):
     nb = (R + b - 1) // b
     ncc, per, nrr = work_items(nb, C, COLS)

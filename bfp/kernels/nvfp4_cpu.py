@@ -26,7 +26,7 @@ import torch
 from numba import njit, prange
 
 from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
-from .cpu import _elem, _rand32, _tile_consts
+from .cpu import _elem, _rand32, _tile_consts, specialise
 from .nvfp4 import CHUNK, E2M1, tensor_scale
 from .pages import advise
 from .plan import MODE, rule_for
@@ -88,106 +88,114 @@ def _rule_out(xb, x, ts, mode, c2, e2, r):
     return o if fin else np.int32(qb)
 
 
+# Compile-time constants of each specialised kernel (bfp.kernels.cpu.specialise): the rounding
+# mode, the block (b1 elements along the block axis; b0 rows of a 2-D tile, 1 for 1-D blocks).
+mode, block, b0, b1, two_d = 1, 16, 1, 16, False
+
+
+def _row_max(xi, bmax, rows, n):
+    nb = (n + block - 1) // block
+    steps = (rows * nb + CHUNK - 1) // CHUNK
+    for s in prange(steps):  # runs of CHUNK blocks: one prange step per block costs twice as much
+        for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
+            a = (t // nb) * n + (t % nb) * block
+            count = block if n % block == 0 else min(block, (t // nb) * n + n - a)
+            top = np.int32(0)
+            for k in range(count):
+                top = max(top, _finite_mag(xi[a + k]))
+            bmax[t] = top
+
+
+def _row_quantize(xi, xf, oi, bmax, rows, n, pts, e2, k0, k1):
+    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+    nb = (n + block - 1) // block
+    for s in prange((rows * nb + CHUNK - 1) // CHUNK):
+        for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
+            ts = _block_scale(bmax[t], pts)
+            a = (t // nb) * n + (t % nb) * block
+            if mode == 1 and n % block == 0:  # a fixed trip count: vectorises
+                a = t * block
+                for k in range(block):
+                    oi[a + k] = _nearest_out(xi[a + k], xf[a + k], ts)
+                continue
+            for j in range(a, min(a + block, (t // nb) * n + n)):
+                if mode == 1:
+                    oi[j] = _nearest_out(xi[j], xf[j], ts)
+                else:
+                    r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
+                    oi[j] = _rule_out(xi[j], xf[j], ts, mode, c2, e2, r)
+
+
+@njit(inline="always")
+def _col_tasks(R, C, b1):
+    """Work items of the column kernels: (a, b0 block, a run of row blocks, a run of columns),
+    about COLS x 16 rows each, so narrow tensors (few columns) still give long items."""
+    nb = (R + b1 - 1) // b1
+    ncc = (C + COLS - 1) // COLS
+    per = max(1, COLS // min(C, COLS))  # row blocks per item
+    nrr = (nb + per - 1) // per
+    return nb, ncc, per, nrr
+
+
+@njit(inline="always")
+def _col_item(s, nb0, nrr, ncc, C):
+    """Work item ``s``: (a, i0, a * nb0 + i0, its run of row blocks, its columns c0:c1)."""
+    a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+    return a0 // nb0, a0 % nb0, a0, rr, cc * COLS, min(C, cc * COLS + COLS)
+
+
+def _col_max(xi, bmax, A, R0, R, C):
+    """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the tile of rows i0*b0.. of axis R0 and
+    rb*b1.. of axis R, column c (b0 = 1: 1-D blocks, R0 = 1)."""
+    nb, ncc, per, nrr = _col_tasks(R, C, b1)
+    nb0 = (R0 + b0 - 1) // b0
+    for s in prange(A * nb0 * nrr * ncc):
+        a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            out = (a0 * nb + rb) * C
+            for c in range(c0, c1):
+                bmax[out + c] = 0
+            for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                for r in range(rb * b1, min(R, rb * b1 + b1)):
+                    row = ((a * R0 + r0) * R + r) * C
+                    for c in range(c0, c1):  # along the columns: vectorises
+                        bmax[out + c] = max(bmax[out + c], _finite_mag(xi[row + c]))
+
+
+def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
+    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+    nb, ncc, per, nrr = _col_tasks(R, C, b1)
+    nb0 = (R0 + b0 - 1) // b0
+    for s in prange(A * nb0 * nrr * ncc):
+        a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
+        ts = np.empty(c1 - c0, np.float32)
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            for c in range(c0, c1):
+                ts[c - c0] = _block_scale(bmax[(a0 * nb + rb) * C + c], pts)
+            for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                for r in range(rb * b1, min(R, rb * b1 + b1)):
+                    row = ((a * R0 + r0) * R + r) * C
+                    for c in range(c0, c1):
+                        j = row + c
+                        if mode == 1:
+                            oi[j] = _nearest_out(xi[j], xf[j], ts[c - c0])
+                        else:  # 1-D: the index with the block axis moved last; 2-D: as it is
+                            k = j if two_d else (a * C + c) * R + r
+                            r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                            oi[j] = _rule_out(xi[j], xf[j], ts[c - c0], mode, c2, e2, r32)
+
+
 @functools.lru_cache(maxsize=None)
-def kernels(mode: int, block):
-    """The four kernels for rounding ``mode`` and ``block`` (an int, or (b0, b1) for 2-D tiles;
-    compile-time constants: the loops carry no code of the other mode, and whole blocks have a
-    fixed trip count)."""
-    two_d = isinstance(block, tuple)
-    b0, b1 = block if two_d else (1, block)
-    block = b1
-
-    @njit(parallel=True, cache=False)
-    def row_max(xi, bmax, rows, n):
-        nb = (n + block - 1) // block
-        steps = (rows * nb + CHUNK - 1) // CHUNK
-        for s in prange(steps):  # runs of CHUNK blocks: one prange step per block costs twice as much
-            for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
-                a = (t // nb) * n + (t % nb) * block
-                count = block if n % block == 0 else min(block, (t // nb) * n + n - a)
-                top = np.int32(0)
-                for k in range(count):
-                    top = max(top, _finite_mag(xi[a + k]))
-                bmax[t] = top
-
-    @njit(parallel=True, cache=False)
-    def row_quantize(xi, xf, oi, bmax, rows, n, pts, e2, k0, k1):
-        c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
-        nb = (n + block - 1) // block
-        for s in prange((rows * nb + CHUNK - 1) // CHUNK):
-            for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
-                ts = _block_scale(bmax[t], pts)
-                a = (t // nb) * n + (t % nb) * block
-                if mode == 1 and n % block == 0:  # a fixed trip count: vectorises
-                    a = t * block
-                    for k in range(block):
-                        oi[a + k] = _nearest_out(xi[a + k], xf[a + k], ts)
-                    continue
-                for j in range(a, min(a + block, (t // nb) * n + n)):
-                    if mode == 1:
-                        oi[j] = _nearest_out(xi[j], xf[j], ts)
-                    else:
-                        r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
-                        oi[j] = _rule_out(xi[j], xf[j], ts, mode, c2, e2, r)
-
-    @njit(inline="always")
-    def _col_tasks(R, C):
-        """Work items of the column kernels: (a, b0 block, a run of row blocks, a run of columns),
-        about COLS x 16 rows each, so narrow tensors (few columns) still give long items."""
-        nb = (R + b1 - 1) // b1
-        ncc = (C + COLS - 1) // COLS
-        per = max(1, COLS // min(C, COLS))  # row blocks per item
-        nrr = (nb + per - 1) // per
-        return nb, ncc, per, nrr
-
-    @njit(inline="always")
-    def _col_item(s, nb0, nrr, ncc, C):
-        """Work item ``s``: (a, i0, a * nb0 + i0, its run of row blocks, its columns c0:c1)."""
-        a0, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
-        return a0 // nb0, a0 % nb0, a0, rr, cc * COLS, min(C, cc * COLS + COLS)
-
-    @njit(parallel=True, cache=False)
-    def col_max(xi, bmax, A, R0, R, C):
-        """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the tile of rows i0*b0.. of axis R0 and
-        rb*b1.. of axis R, column c (b0 = 1: 1-D blocks, R0 = 1)."""
-        nb, ncc, per, nrr = _col_tasks(R, C)
-        nb0 = (R0 + b0 - 1) // b0
-        for s in prange(A * nb0 * nrr * ncc):
-            a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
-            for rb in range(rr * per, min(nb, rr * per + per)):
-                out = (a0 * nb + rb) * C
-                for c in range(c0, c1):
-                    bmax[out + c] = 0
-                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
-                    for r in range(rb * b1, min(R, rb * b1 + b1)):
-                        row = ((a * R0 + r0) * R + r) * C
-                        for c in range(c0, c1):  # along the columns: vectorises
-                            bmax[out + c] = max(bmax[out + c], _finite_mag(xi[row + c]))
-
-    @njit(parallel=True, cache=False)
-    def col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
-        c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
-        nb, ncc, per, nrr = _col_tasks(R, C)
-        nb0 = (R0 + b0 - 1) // b0
-        for s in prange(A * nb0 * nrr * ncc):
-            a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
-            ts = np.empty(c1 - c0, np.float32)
-            for rb in range(rr * per, min(nb, rr * per + per)):
-                for c in range(c0, c1):
-                    ts[c - c0] = _block_scale(bmax[(a0 * nb + rb) * C + c], pts)
-                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
-                    for r in range(rb * b1, min(R, rb * b1 + b1)):
-                        row = ((a * R0 + r0) * R + r) * C
-                        for c in range(c0, c1):
-                            j = row + c
-                            if mode == 1:
-                                oi[j] = _nearest_out(xi[j], xf[j], ts[c - c0])
-                            else:  # 1-D: the index with the block axis moved last; 2-D: as it is
-                                k = j if two_d else (a * C + c) * R + r
-                                r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                                oi[j] = _rule_out(xi[j], xf[j], ts[c - c0], mode, c2, e2, r32)
-
-    return row_max, row_quantize, col_max, col_quantize
+def kernels(rounding_mode: int, blk):
+    """The four kernels for rounding ``rounding_mode`` and block ``blk`` (an int, or (b0, b1) for
+    2-D tiles), compiled with both as constants (the loops carry no code of the other mode, whole
+    blocks have a fixed trip count) and cached on disk under a name that says both."""
+    tile = isinstance(blk, tuple)
+    r0, r1 = blk if tile else (1, blk)
+    bound = dict(mode=rounding_mode, block=r1, b0=r0, b1=r1, two_d=tile)
+    tag = f"mode{rounding_mode}_b{r0}x{r1}{'_2d' if tile else ''}"
+    return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_{tag}", True, **bound)
+                 for t in (_row_max, _row_quantize, _col_max, _col_quantize))
 
 
 def _consts(fmt_float) -> np.ndarray:

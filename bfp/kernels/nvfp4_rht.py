@@ -14,10 +14,10 @@ import functools
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import prange
 
 from ..nvfp4 import NVFP4
-from .cpu import _rand32, _tile_consts
+from .cpu import _rand32, _tile_consts, specialise
 from .hadamard_cpu import load_transformed, work_items
 from .nvfp4 import E2M1, tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
@@ -25,56 +25,59 @@ from .pages import advise
 from .plan import MODE
 
 
-@functools.lru_cache(maxsize=None)
-def kernels(mode: int):
-    """The two passes for rounding ``mode``."""
+mode = 1  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.specialise)
 
-    @njit(parallel=True, cache=False)
-    def block_max(x, factor, bmax, A, Rin, nb, C, b):
-        ncc, per, nrr = work_items(nb, C, COLS)
-        for s in prange(A * nrr * ncc):
-            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
-            c0 = cc * COLS
-            w = min(C, c0 + COLS) - c0
-            t = np.empty((b, w), np.float32)
-            for rb in range(rr * per, min(nb, rr * per + per)):
-                load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
-                out = (a * nb + rb) * C + c0
-                for c in range(w):
-                    top = np.int32(0)
-                    for i in range(b):
-                        top = max(top, _finite_mag(np.float32(t[i, c]).view(np.int32)))
-                    bmax[out + c] = top
 
-    @njit(parallel=True, cache=False)
-    def block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, e2, k0, k1):
-        c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
-        ncc, per, nrr = work_items(nb, C, COLS)
-        R = nb * b
-        for s in prange(A * nrr * ncc):
-            a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
-            c0 = cc * COLS
-            w = min(C, c0 + COLS) - c0
-            t = np.empty((b, w), np.float32)
-            ts = np.empty(w, np.float32)
-            for rb in range(rr * per, min(nb, rr * per + per)):
-                load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
-                for c in range(w):
-                    ts[c] = _block_scale(bmax[(a * nb + rb) * C + c0 + c], pts)
+def _block_max(x, factor, bmax, A, Rin, nb, C, b):
+    ncc, per, nrr = work_items(nb, C, COLS)
+    for s in prange(A * nrr * ncc):
+        a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+        c0 = cc * COLS
+        w = min(C, c0 + COLS) - c0
+        t = np.empty((b, w), np.float32)
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
+            out = (a * nb + rb) * C + c0
+            for c in range(w):
+                top = np.int32(0)
                 for i in range(b):
-                    r = rb * b + i
-                    row = (a * R + r) * C + c0
-                    for c in range(w):
-                        v = t[i, c]
-                        vb = np.float32(v).view(np.int32)
-                        if mode == 1:
-                            oi[row + c] = _nearest_out(vb, v, ts[c])
-                        else:  # the index with the block axis (rows) moved last, as nvfp4_cpu
-                            k = (a * C + c0 + c) * R + r
-                            r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                            oi[row + c] = _rule_out(vb, v, ts[c], mode, c2, e2, r32)
+                    top = max(top, _finite_mag(np.float32(t[i, c]).view(np.int32)))
+                bmax[out + c] = top
 
-    return block_max, block_quantize
+
+def _block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, e2, k0, k1):
+    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+    ncc, per, nrr = work_items(nb, C, COLS)
+    R = nb * b
+    for s in prange(A * nrr * ncc):
+        a, rr, cc = s // (nrr * ncc), (s // ncc) % nrr, s % ncc
+        c0 = cc * COLS
+        w = min(C, c0 + COLS) - c0
+        t = np.empty((b, w), np.float32)
+        ts = np.empty(w, np.float32)
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            load_transformed(x, t, factor, a, rb, Rin, C, c0, w, b)
+            for c in range(w):
+                ts[c] = _block_scale(bmax[(a * nb + rb) * C + c0 + c], pts)
+            for i in range(b):
+                r = rb * b + i
+                row = (a * R + r) * C + c0
+                for c in range(w):
+                    v = t[i, c]
+                    vb = np.float32(v).view(np.int32)
+                    if mode == 1:
+                        oi[row + c] = _nearest_out(vb, v, ts[c])
+                    else:  # the index with the block axis (rows) moved last, as nvfp4_cpu
+                        k = (a * C + c0 + c) * R + r
+                        r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                        oi[row + c] = _rule_out(vb, v, ts[c], mode, c2, e2, r32)
+
+
+@functools.lru_cache(maxsize=None)
+def kernels(rounding_mode: int):
+    """The two passes for rounding ``rounding_mode``, cached on disk."""
+    return tuple(specialise(t, f"nvfp4_rht{t.__name__}_mode{rounding_mode}", True, mode=rounding_mode)
+                 for t in (_block_max, _block_quantize))
 
 
 def quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, keys):

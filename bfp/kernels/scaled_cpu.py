@@ -13,7 +13,7 @@ import torch
 from numba import njit, prange
 
 from ..formats import Float
-from .cpu import _elem, _rand32, _tile_consts
+from .cpu import _elem, _rand32, _tile_consts, specialise
 from .pages import advise
 from .plan import MODE, rule_for
 from .scalar import EXP_INF, MAG
@@ -22,7 +22,7 @@ _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 STEP = 1 << 16  # elements per step of the parallel loops
 
 
-@njit(parallel=True, cache=False)
+@njit(parallel=True, cache=True)
 def amax_bits(xi):
     """float32 bits of the largest finite magnitude (0: none)."""
     parts = np.zeros((xi.size + STEP - 1) // STEP, np.int32)
@@ -35,21 +35,25 @@ def amax_bits(xi):
     return parts.max() if parts.size else np.int32(0)
 
 
+mode = 0  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.specialise)
+
+
+def _scaled(xf, oi, scale, top, c, k0, k1):
+    c0, c1, c2, c3 = _tile_consts(0, 0, 0, 0, 0, 0, c[0], c[1], c[2], c[3])
+    for s in prange((xf.size + STEP - 1) // STEP):
+        for j in range(s * STEP, min(xf.size, s * STEP + STEP)):
+            v = xf[j] * scale
+            if v == v:  # NaN stays as it is (clamp passes it)
+                v = min(max(v, -top), top)
+            r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
+            qb = _elem(np.int64(np.float32(v).view(np.int32)), 0, mode, c0, c1, c2, c3, c[1], c[4], c[5],
+                       c[6], r)
+            oi[j] = np.float32(np.int32(qb).view(np.float32) / scale).view(np.int32)
+
+
 @functools.lru_cache(maxsize=None)
-def _kernel(mode: int):
-    @njit(parallel=True, cache=False)
-    def kernel(xf, oi, scale, top, c, k0, k1):
-        c0, c1, c2, c3 = _tile_consts(0, 0, 0, 0, 0, 0, c[0], c[1], c[2], c[3])
-        for s in prange((xf.size + STEP - 1) // STEP):
-            for j in range(s * STEP, min(xf.size, s * STEP + STEP)):
-                v = xf[j] * scale
-                if v == v:  # NaN stays as it is (clamp passes it)
-                    v = min(max(v, -top), top)
-                r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
-                qb = _elem(np.int64(np.float32(v).view(np.int32)), 0, mode, c0, c1, c2, c3, c[1], c[4], c[5],
-                           c[6], r)
-                oi[j] = np.float32(np.int32(qb).view(np.float32) / scale).view(np.int32)
-    return kernel
+def _kernel(rounding_mode: int):
+    return specialise(_scaled, f"scaled_mode{rounding_mode}", True, mode=rounding_mode)
 
 
 def amax(x32: torch.Tensor) -> torch.Tensor:
