@@ -16,10 +16,10 @@ import argparse
 import json
 import shutil
 import sys
-import tarfile
 from pathlib import Path
 from typing import Optional
 
+from ..data.archives import unpack
 from ..data.folders import find_image_folder
 from . import matrix, report, results, runner
 
@@ -34,16 +34,7 @@ def data_folder(arg: str, extract_to: Path) -> str:
     if p.is_file():
         if not p.name.endswith((".tar.gz", ".tgz", ".tar")):
             raise ValueError(f"--data {arg!r} is a file but not a .tar.gz/.tgz/.tar archive")
-        with tarfile.open(p) as tar:
-            top = sorted({m.name.split("/")[0] for m in tar.getmembers() if m.name.strip("/")})
-            if len(top) != 1:
-                raise ValueError(f"--data {arg!r}: expected one top folder in the archive, found {top[:5]}")
-            target = extract_to / top[0]
-            if not target.is_dir():
-                print(f"unpacking {arg} into {extract_to}/ (once)")
-                extract_to.mkdir(parents=True, exist_ok=True)
-                tar.extractall(extract_to, filter="data")
-        p = target
+        p = unpack(p, extract_to)  # every member checked; renamed into place only when complete
     found = find_image_folder(p)
     if found is None:
         raise ValueError(f"--data {arg!r} holds no train/ and test/ class folders")
@@ -87,10 +78,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                                 Path(args.img), res_dir.as_posix())
             print(f"wrote {out}")
             return 0
-        if not args.data:
+        if args.action == "list" and not args.data:
+            data = "DATA"  # the commands, with the folder left to fill in
+        elif not args.data:
             raise ValueError("--data is required: the CIFAR-10 JPEG folder or its .tar.gz "
-                             "(../shared/data/cifar10-jpg.tar.gz in this project)")
-        data = data_folder(args.data, Path(args.extract_to))
+                             "(../shared/data/cifar10-jpg.tar.gz in this project; make one from the "
+                             "CIFAR-10 site's archive with: python -m bfp.data prepare cifar10 --from "
+                             "cifar-10-python.tar.gz --out data/cifar10_jpg)")
+        else:
+            data = data_folder(args.data, Path(args.extract_to))
         if args.action == "list":
             for r in chosen:
                 print(f"# {r.name}: {r.words}\n{matrix.shell(matrix.command(r, prof, data, str(runs_dir), args.epochs))}")
