@@ -122,7 +122,7 @@ def convert(model: nn.Module, config: ConfigLike, example_input: Any = None, *,
     model = _named_attention(model) if example_input is None else trace_model(model, example_input)
     trace = model.__dict__.get(_TRACE)
     if strict and trace is None:
-        raise ValueError("convert(strict=True) needs `example_input`: coverage is measured on a traced forward")
+        raise ValueError("convert(strict=True) needs an example input: coverage is measured on a traced forward")
     if trace is not None:
         route(model, trace)
     layers = convertible_layers(model)

@@ -195,5 +195,5 @@ def describe_input(example_input: Any) -> str:
 def filter_of(module_filter: Optional[Callable[[nn.Module, str], bool]]):
     """``module_filter`` checked: a callable ``(module, fqn) -> bool`` or None."""
     if module_filter is not None and not callable(module_filter):
-        raise ValueError(f"`module_filter` must be a callable (module, fqn) -> bool or None, got {module_filter!r}")
+        raise ValueError(f"module_filter must be a callable (module, fqn) -> bool or None, got {module_filter!r}")
     return module_filter

@@ -116,7 +116,7 @@ def test_a_corrupt_archive_is_a_clear_error(tmp_path, damage, capsys):
 def test_extract_to_a_file_or_a_read_only_folder_is_a_clear_error(tmp_path):
     arc = _archive(tmp_path / "d.tar.gz", [("top/a", b"1")])
     (tmp_path / "file").write_text("")
-    with pytest.raises(ArchiveError, match="--extract-to .* is a file"):
+    with pytest.raises(ArchiveError, match="extraction folder .* is a file"):
         unpack(arc, tmp_path / "file")
     ro = tmp_path / "ro"
     ro.mkdir()

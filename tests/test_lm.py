@@ -122,3 +122,19 @@ def test_lm_py_script_runs_from_a_shell(tmp_path, text_file):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "bits per character" in res.stdout
+
+
+def test_lm_help_shows_only_what_applies_and_max_steps_ends_the_run(tmp_path, capsys):
+    from bfp.cli import main as bfp_main
+    import pytest as _pytest
+    with _pytest.raises(SystemExit):
+        bfp_main(["lm", "--help"])
+    text = capsys.readouterr().out
+    for word in ("--in-channels", "ResNet", "VGG", "digits", "--strict-images", "--gpu-data", "-dp "):
+        assert word not in text, word
+    assert "--max-steps N" in text and "--data FILE.txt" in text and "windows per training step" in text
+    assert bfp_main(["lm", "--max-steps", "3", "--limit-train-images", "2000", "--limit-test-images", "200",
+                     "--progress", "False", "--sample-chars", "0", "--num-workers", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s" in out and "img/s" not in out and "reached 3 steps" in out and "epoch 2/" not in out
+    assert "CPU thread(s)" in out

@@ -13,7 +13,8 @@ from bfp.data import DataError
 from bfp.data import cifar as data
 
 PKG = Path(__file__).resolve().parents[1] / "bfp"
-LIBRARY = [p for p in sorted(PKG.rglob("*.py")) if p.relative_to(PKG).parts[0] not in ("cli", "experiments")]
+LIBRARY = [p for p in sorted(PKG.rglob("*.py")) if p.relative_to(PKG).parts[0] not in ("cli", "experiments")
+           and p.name != "__main__.py"]  # a package's __main__ is a command line of its own
 # The one command line below bfp.cli: python -m bfp.dynamic's own name and description.
 NOT_MESSAGES = {("dynamic/report.py", "python -m bfp.dynamic"), ("dynamic/report.py", "Tools for dynamic precision runs (--do).")}
 

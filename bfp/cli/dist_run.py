@@ -54,7 +54,7 @@ class DistSetup:
         workers = self.shard[2]
         where = (f"rank {self.env.rank} of {self.env.world_size} ({self.env.source})" if self.env.distributed
                  else "one process")
-        text = f"{where}, {workers} worker(s)"
+        text = f"{where}, {workers} worker(s), {torch.get_num_threads()} CPU thread(s)"  # --threads, or the cores
         return text + (f"; {self.reduce.describe()}" if self.reduce is not None else "")
 
 

@@ -200,5 +200,9 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                    help="let --resume continue on a dataset whose fingerprint (classes, image counts, "
                         "sizes) differs from the one the checkpoint recorded; the class count must "
                         "still match")
+    helps = task.hooks.help_overrides()  # what the shared flags mean for this script (or hidden)
+    for a in p._actions:
+        if a.dest in helps and a.option_strings:
+            a.help = helps[a.dest]
     task.hooks.add_flags(p)  # e.g. imagenet.py: the PyTorch ImageNet example's flags
     return p

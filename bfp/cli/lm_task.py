@@ -69,8 +69,24 @@ class LMHooks(TaskHooks):
         g.add_argument("--block-size", type=int, default=64, help="characters of context per window")
         g.add_argument("--sample-chars", type=int, default=200,
                        help="characters sampled after each epoch (0: none)")
-        # a transformer's usual optimizer: AdamW at 3e-3 with decoupled decay 0.01
-        parser.set_defaults(optimizer="adamw", optim_lr=3e-3, optim_weight_decay=0.01)
+        g.add_argument("--max-steps", type=int, default=0, metavar="N",
+                       help="end the run after N optimizer steps in all (0: every epoch); the epoch that "
+                            "reaches N is cut short, evaluated and saved")
+        # a transformer's usual optimizer: AdamW at 3e-3 with decoupled decay 0.01; throughput in tokens/s
+        parser.set_defaults(optimizer="adamw", optim_lr=3e-3, optim_weight_decay=0.01, sample_unit="tok")
+
+    def help_overrides(self) -> dict[str, str]:
+        hide = argparse.SUPPRESS  # image-only flags
+        return {"model": "network: GPT (a character-level decoder; --model-opt dim=, depth=, heads=, mlp_ratio=)",
+                "model_opt": "constructor option of the GPT, repeatable: dim, depth, heads, mlp_ratio",
+                "dataset": "pysrc (the default corpus: Python standard-library source) or text (with --data)",
+                "dataset_path": hide, "in_channels": hide, "strict_images": hide, "gpu_data": hide,
+                "limit_train_images": "train on N windows of --block-size characters spread evenly over the "
+                                      "text (smoke tests; 0: all)",
+                "limit_test_images": "evaluate on N windows (0: all)",
+                "network_config": "network config: a preset that fits any model (any_mxfp8, any_fp8_e4m3, "
+                                  "any_nvfp4, ...; see conf_net/) or a JSON path; omitted: FP32",
+                "batch_size_train": "windows per training step", "batch_size_test": "windows per evaluation batch"}
 
     def canonical_model(self, name: str) -> str:
         if str(name).lower() != "gpt":
@@ -87,6 +103,8 @@ class LMHooks(TaskHooks):
         return {"dataset": "text"} if args.dataset == "pysrc" and args.dataset_path else {}
 
     def check_args(self, args: argparse.Namespace) -> None:
+        if args.max_steps < 0:
+            raise ValueError(f"--max-steps must be >= 0 (0: no limit), got {args.max_steps}")
         if args.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
         if args.sample_chars < 0:

@@ -212,7 +212,8 @@ def train_config(args: argparse.Namespace, plan: EpochPlan, device: torch.device
                            compute_dtype=args.compute_dtype, label_smoothing=args.label_smoothing,
                            save_interval=args.save_interval, histograms=args.histograms,
                            progress=args.progress, lr_schedule=getattr(args, "lr_schedule", "cosine"),
-                           nonfinite_epochs=args.stop_nonfinite)
+                           nonfinite_epochs=args.stop_nonfinite, max_steps=getattr(args, "max_steps", 0),
+                           sample_unit=getattr(args, "sample_unit", "img"))
     except ValueError as e:
         raise UsageError(str(e)) from None
 

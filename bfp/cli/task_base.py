@@ -23,6 +23,11 @@ class TaskHooks:
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         """Flags beyond the shared ones (``bfp.cli.flags``)."""
 
+    def help_overrides(self) -> dict[str, str]:
+        """``dest -> help`` for shared flags whose help says something else for this script
+        (``argparse.SUPPRESS`` hides a flag that does not apply)."""
+        return {}
+
     def canonical_model(self, name: str) -> str:
         raise NotImplementedError
 

@@ -94,14 +94,14 @@ def _marker(archive: Path, count: int) -> dict:
     return {"archive": archive.name, "size": archive.stat().st_size, "sha256": _sha256(archive), "members": count}
 
 
-def unpack(archive: Path, extract_to: Path, flag: str = "--data") -> Path:
+def unpack(archive: Path, extract_to: Path) -> Path:
     """The folder ``archive``'s top folder is unpacked to under ``extract_to`` (done once; a folder
     unpacked from this very archive, by its marker, is reused). ``ArchiveError`` names the archive,
     the member or the folder at fault; nothing is left half-written."""
     archive, extract_to = Path(archive), Path(extract_to)
-    where = f"{flag} {str(archive)!r}"
+    where = f"archive {str(archive)!r}"
     if extract_to.exists() and not extract_to.is_dir():
-        raise ArchiveError(f"--extract-to {str(extract_to)!r} is a file; give a folder to unpack {archive.name} into")
+        raise ArchiveError(f"the extraction folder {str(extract_to)!r} is a file; give a folder to unpack {archive.name} into")
     try:
         with tarfile.open(archive) as tar:
             top, members = check_members(tar, where)
@@ -117,7 +117,7 @@ def unpack(archive: Path, extract_to: Path, flag: str = "--data") -> Path:
                 if have == want:
                     return target
                 raise ArchiveError(f"{where}: {str(target)!r} exists but was not unpacked from this archive "
-                                   f"(no matching {MARKER}); remove it, or pass another --extract-to")
+                                   f"(no matching {MARKER}); remove it, or unpack elsewhere")
             print(f"unpacking {archive} into {extract_to}/ (once)")
             try:
                 extract_to.mkdir(parents=True, exist_ok=True)
@@ -125,7 +125,7 @@ def unpack(archive: Path, extract_to: Path, flag: str = "--data") -> Path:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
             except OSError as e:
-                raise ArchiveError(f"--extract-to {str(extract_to)!r}: cannot write there "
+                raise ArchiveError(f"the extraction folder {str(extract_to)!r}: cannot write there "
                                    f"({e.strerror or e})") from None
             try:
                 _write(tar, members, tmp)
@@ -133,7 +133,7 @@ def unpack(archive: Path, extract_to: Path, flag: str = "--data") -> Path:
                 (tmp / top / MARKER).write_text(json.dumps(want, indent=1))
                 os.rename(tmp / top, target)
             except OSError as e:
-                raise ArchiveError(f"--extract-to {str(extract_to)!r}: unpacking {archive.name} failed "
+                raise ArchiveError(f"the extraction folder {str(extract_to)!r}: unpacking {archive.name} failed "
                                    f"({e.strerror or e})") from None
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -77,20 +77,20 @@ def prepare_cifar10(source: Path, out: Path, progress: bool = True) -> dict[str,
     existing ``out`` (nothing already there is touched)."""
     source, out = Path(source), Path(out)
     if out.exists():
-        raise ArchiveError(f"--out {str(out)!r} exists; remove it or give another folder")
+        raise ArchiveError(f"output folder {str(out)!r} exists; remove it or give another folder")
     try:
         tar = tarfile.open(source)
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise ArchiveError(f"--from {str(source)!r}: not a readable .tar.gz ({e})") from None
+        raise ArchiveError(f"source archive {str(source)!r}: not a readable .tar.gz ({e})") from None
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     counts = {}
     try:
         with tar:
-            _, members = check_members(tar, f"--from {str(source)!r}")
+            _, members = check_members(tar, f"source archive {str(source)!r}")
             by_name = {_base_name(m.name): m for m in members if m.isfile()}
             missing = [n for n in (*_TRAIN, "test_batch") if n not in by_name]
             if missing:
-                raise ArchiveError(f"--from {str(source)!r}: no {', '.join(missing)} in it; expected the CIFAR-10 "
+                raise ArchiveError(f"source archive {str(source)!r}: no {', '.join(missing)} in it; expected the CIFAR-10 "
                                    "site's cifar-10-python.tar.gz")
             for split, names in (("train", _TRAIN), ("test", ("test_batch",))):
                 seen = [0] * 10
@@ -105,7 +105,7 @@ def prepare_cifar10(source: Path, out: Path, progress: bool = True) -> dict[str,
         out.parent.mkdir(parents=True, exist_ok=True)
         os.rename(tmp, out)
     except OSError as e:
-        raise ArchiveError(f"--out {str(out)!r}: cannot write ({e.strerror or e})") from None
+        raise ArchiveError(f"output folder {str(out)!r}: cannot write ({e.strerror or e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return counts

@@ -54,6 +54,9 @@ class TrainConfig:
     progress: bool = True          # tqdm bar
     lr_schedule: str = "cosine"    # cosine, or thirds: 10x lower at each third of epochs (bfp.engine.lr_thirds)
     nonfinite_epochs: int = 1      # stop after this many non-finite epochs in a row (0: never stop)
+    max_steps: int = 0             # end the run after this many optimizer steps in all (0: run every epoch);
+    #                                the epoch that reaches it is cut short, evaluated and saved
+    sample_unit: str = "img"       # what a target element is, for the throughput line: img, or tok (lm.py)
 
     def __post_init__(self):
         if self.epochs < 1:
@@ -69,6 +72,8 @@ class TrainConfig:
             raise ValueError(f"`nonfinite_epochs` must be an integer >= 0 (0: never stop), got {self.nonfinite_epochs!r}")
         if self.warmup_epochs > self.epochs:
             raise ValueError(f"`warmup_epochs` {self.warmup_epochs} exceeds `epochs` {self.epochs}")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps < 0:
+            raise ValueError(f"`max_steps` must be an integer >= 0 (0: no limit), got {self.max_steps!r}")
         if self.lr_schedule not in SCHEDULES:
             raise ValueError(f"`lr_schedule` {self.lr_schedule!r} unknown; allowed: {', '.join(SCHEDULES)}")
         if not 0.0 <= self.label_smoothing <= 1.0:  # NaN fails too; torch would fail only at the first step
@@ -217,6 +222,9 @@ class Trainer:
                 else:
                     self._bad_epochs = 0
                     self._save(epoch, metrics)
+                if self.cfg.max_steps and self.global_step >= self.cfg.max_steps:
+                    self.log(f"reached {self.cfg.max_steps} steps (`max_steps`): the run ends after epoch {epoch + 1}")
+                    break
             self.callbacks.call("on_train_end", self)
         except BaseException as e:
             self.callbacks.call("on_exception", self, e)
@@ -253,7 +261,7 @@ class Trainer:
         self.model.train()  # evaluate() left it in eval mode
         model = self.step.prepare(self.model)
         loader = self.data.train
-        n_seen, loss_sum = 0, torch.zeros((), device=self.device)
+        n_seen, n_items, loss_sum = 0, 0, torch.zeros((), device=self.device)
         correct = torch.zeros(2, dtype=torch.long, device=self.device)
         bar = _progress(loader, f"epoch {epoch + 1}/{self.epochs}", self.cfg.progress)
         t0 = time.perf_counter()
@@ -267,18 +275,21 @@ class Trainer:
                 loss_sum += loss * len(y)
                 correct += torch.stack(topk_correct(out, y))
             n_seen += len(y)
+            n_items += y.numel()  # images, or tokens for a language model's (N, T) targets
             self.callbacks.call("on_batch_end", self, self.global_step)
+            if self.cfg.max_steps and self.global_step >= self.cfg.max_steps:
+                break
             if bar is not loader and (i % 10 == 0 or i == len(loader) - 1):  # .item() syncs: not every step
                 dt = time.perf_counter() - t0
                 bar.set_postfix(loss=f"{loss_sum.item() / n_seen:.4f}",
                                 acc=f"{100 * correct[0].item() / n_seen:.2f}%",
-                                img_s=f"{n_seen / max(dt, 1e-9):.0f}", refresh=False)
+                                **{f"{self.cfg.sample_unit}_s": f"{n_items / max(dt, 1e-9):.0f}"}, refresh=False)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         acc = (100.0 * correct.double() / max(1, n_seen)).tolist()
         return {"train_loss": loss_sum.item() / max(1, n_seen), "train_acc1": acc[0], "train_acc5": acc[1],
-                "lr": self.schedule.get_last_lr()[0], "images_per_s": n_seen / max(dt, 1e-9),
+                "lr": self.schedule.get_last_lr()[0], "images_per_s": n_items / max(dt, 1e-9),
                 "epoch_time_s": dt}
 
     @torch.no_grad()
@@ -309,7 +320,7 @@ class Trainer:
         self.log(f"epoch {epoch + 1}/{self.epochs}: train loss {m['train_loss']:.4f} "
                  f"acc {m['train_acc1']:.2f}% | test loss {m['test_loss']:.4f} acc {m['test_acc1']:.2f}% "
                  f"top5 {m['test_acc5']:.2f}% (best {self.best_acc:.2f}%) | lr {m['lr']:.5f} | "
-                 f"{m['images_per_s']:.0f} img/s, {m['epoch_time_s']:.1f} s")
+                 f"{m['images_per_s']:.0f} {self.cfg.sample_unit}/s, {m['epoch_time_s']:.1f} s")
         self._log.metrics({"epoch": epoch, "global_step": self.global_step, **m})
         w = self.writer
         if w is not None:
