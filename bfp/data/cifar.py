@@ -42,6 +42,8 @@ ranks' counts.
 """
 from __future__ import annotations
 
+import random
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,8 +262,10 @@ def _mean_std(ds: TensorDataset):
 
 
 def _digits(channels: int):
-    from sklearn.datasets import load_digits
+    state = random.getstate()  # scikit-learn may import rich, which draws from Python's RNG at import:
+    from sklearn.datasets import load_digits  # a run's random state must not depend on what was imported
     from sklearn.model_selection import train_test_split
+    random.setstate(state)
     d = load_digits()
     images = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
     x = torch.from_numpy(images)[:, None]  # [N, 1, 8, 8]
