@@ -15,7 +15,7 @@ COPY . .
 # Installed as a wheel is (not editable): the image holds every package it ships. A working tree
 # mounted over /app (`docker run -v "$(pwd)":/app`) still runs its own scripts and bfp/ first.
 ARG EXTRAS=cuda
-RUN pip install --no-cache-dir "./[${EXTRAS}]" \
+RUN pip install --no-cache-dir "./${EXTRAS:+[$EXTRAS]}" \
     && useradd --create-home --uid 1000 --user-group bfp \
     && mkdir -p /app/runs /app/data /app/.torch /dataset \
     && chown -R bfp:bfp /app/runs /app/data /app/.torch

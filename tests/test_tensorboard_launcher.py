@@ -58,3 +58,33 @@ def test_serves_a_runs_scalar_on_localhost_and_stops(tmp_path, tiny_args):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def _stub_bin(tmp_path, python_ok: bool):
+    """A PATH with a fake docker (a daemon, no image; every call logged) and a python3 that has
+    TensorBoard or not; no tensorboard command."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\necho "$@" >> "$DOCKER_LOG"\n'
+                                    'case "$1" in info) exit 0;; *) exit 1;; esac\n')
+    (bin_dir / "python3").write_text("#!/bin/sh\n" + ('echo "served $@"; exit 0\n' if python_ok else "exit 1\n"))
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("python_ok", [True, False])
+def test_without_the_image_nothing_is_pulled_and_it_falls_back_or_fails_clearly(tmp_path, python_ok):
+    bin_dir = _stub_bin(tmp_path, python_ok)
+    log = tmp_path / "docker.log"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "DOCKER_LOG": str(log), "BFP_RUNS": str(tmp_path / "runs"),
+           "BFP_TB_IMAGE": "nobody/bfpsim:none", "HOME": str(tmp_path)}
+    r = subprocess.run(["bash", str(SCRIPT), "6123"], env=env, capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert calls[:2] == ["info", "image inspect nobody/bfpsim:none"] and not any("pull" in c or c.startswith("run")
+                                                                                for c in calls)
+    assert "no docker image nobody/bfpsim:none here (it is never pulled" in r.stderr
+    if python_ok:
+        assert r.returncode == 0 and "served -m tensorboard.main --logdir" in r.stdout
+    else:
+        assert r.returncode == 1 and "nothing can serve TensorBoard" in r.stderr
