@@ -138,3 +138,25 @@ def test_lm_help_shows_only_what_applies_and_max_steps_ends_the_run(tmp_path, ca
     out = capsys.readouterr().out
     assert "tok/s" in out and "img/s" not in out and "reached 3 steps" in out and "epoch 2/" not in out
     assert "CPU thread(s)" in out
+
+
+@pytest.mark.parametrize("other", ["same characters", "other characters"])
+def test_lm_refuses_a_resume_on_another_text(tmp_path, text_file, capsys, other):
+    args = small(tmp_path, "--data", str(text_file), "--training-epochs", "2", "--save", "True",
+                 "--save-interval", "1", "--limit-train-images", "48")
+    assert lm(*args, "--run-name", "r") == 0
+    (tmp_path / "runs" / "r" / "checkpoints" / "last.pt").unlink()
+    resume = str(tmp_path / "runs" / "r" / "checkpoints" / "epoch_001.pt")
+    text2 = tmp_path / "text2.txt"
+    src = text_file.read_text()
+    text2.write_text(src[::-1] if other == "same characters" else src + "@@ new chars \u00e9 @@")
+    again = [*args[:args.index("--data")], "--data", str(text2), *args[args.index("--data") + 2:]]
+    capsys.readouterr()
+    assert lm(*again, "--resume", resume) == 2
+    err = capsys.readouterr().err
+    assert "the text's SHA-256" in err and "--resume-allow-data-change" in err and "Traceback" not in err
+    if other == "same characters":  # the same text moved elsewhere is the same data
+        moved = tmp_path / "moved.txt"
+        shutil.copy(text_file, moved)
+        moved_args = [*args[:args.index("--data")], "--data", str(moved), *args[args.index("--data") + 2:]]
+        assert lm(*moved_args, "--resume", resume) == 0

@@ -15,7 +15,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-COMPARED = ("dataset", "classes", "train_images", "train_bytes", "test_images", "test_bytes")
+COMPARED = ("dataset", "classes", "train_images", "train_bytes", "test_images", "test_bytes",
+            # a text corpus (bfp.data.text): its content's SHA-256, size, vocabulary and windows
+            "sha256", "characters", "vocabulary", "block", "train_windows", "test_windows")
 
 
 def _images_and_bytes(ds) -> tuple[int, int]:
@@ -47,7 +49,9 @@ def differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
         a, b = saved.get(k), now.get(k)
         if a == b:
             continue
-        if k == "classes" and isinstance(a, list) and isinstance(b, list):
+        if k == "sha256":
+            out.append(f"the text's SHA-256 {str(a)[:12]}... -> {str(b)[:12]}... (another text)")
+        elif k == "classes" and isinstance(a, list) and isinstance(b, list):
             gone, new = [c for c in a if c not in b], [c for c in b if c not in a]
             detail = ", ".join(filter(None, [f"missing {gone}" if gone else "", f"new {new}" if new else ""]))
             out.append(f"classes ({len(a)} -> {len(b)}{': ' + detail if detail else ', reordered'})")
