@@ -160,3 +160,19 @@ def test_lm_refuses_a_resume_on_another_text(tmp_path, text_file, capsys, other)
         shutil.copy(text_file, moved)
         moved_args = [*args[:args.index("--data")], "--data", str(moved), *args[args.index("--data") + 2:]]
         assert lm(*moved_args, "--resume", resume) == 0
+
+
+def test_sampling_is_bounded_and_runs_after_the_checkpoint_is_written(tmp_path, text_file, capsys, monkeypatch):
+    assert lm(*small(tmp_path, "--data", str(text_file), "--sample-chars", "100000000")) == 2
+    assert "--sample-chars must be in 0..10000" in capsys.readouterr().err
+    seen = []
+    real = GPT.generate
+
+    def generate(self, *a, **k):  # what is on disk when the sample starts
+        last = tmp_path / "runs" / "s" / "checkpoints" / "last.pt"
+        seen.append(ckpt.load(last)["epoch"] if last.exists() else None)
+        return real(self, *a, **k)
+    monkeypatch.setattr(GPT, "generate", generate)
+    assert lm(*small(tmp_path, "--data", str(text_file), "--training-epochs", "2", "--save", "True",
+                     "--limit-train-images", "48", "--run-name", "s")) == 0
+    assert seen == [1, 2]  # each epoch's sample only after its last.pt is in place

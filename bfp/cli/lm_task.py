@@ -22,6 +22,7 @@ from ..models.gpt import GPT
 from .task_base import TaskHooks
 
 SAMPLE_PROMPT = "def "
+MAX_SAMPLE_CHARS = 10_000  # one forward per character: about a second per 1,000 on a CPU (small GPT)
 
 
 class TextReport(Callback):
@@ -39,6 +40,9 @@ class TextReport(Callback):
         if trainer.writer is not None:
             for k, v in bpc.items():
                 trainer.writer.add_scalar(f"lm/{k}_bits_per_char", v, epoch + 1)
+
+    def on_epoch_saved(self, trainer, epoch: int, metrics: dict[str, float]) -> None:
+        """The sample, once the epoch's checkpoints are written."""
         if not self.chars:
             return
         model = trainer.model
@@ -68,7 +72,8 @@ class LMHooks(TaskHooks):
                             "source that every Python installation has)")
         g.add_argument("--block-size", type=int, default=64, help="characters of context per window")
         g.add_argument("--sample-chars", type=int, default=200,
-                       help="characters sampled after each epoch (0: none)")
+                       help=f"characters sampled after each epoch, once its checkpoint is written "
+                            f"(0: none; at most {MAX_SAMPLE_CHARS})")
         g.add_argument("--max-steps", type=int, default=0, metavar="N",
                        help="end the run after N optimizer steps in all (0: every epoch); the epoch that "
                             "reaches N is cut short, evaluated and saved")
@@ -107,8 +112,9 @@ class LMHooks(TaskHooks):
             raise ValueError(f"--max-steps must be >= 0 (0: no limit), got {args.max_steps}")
         if args.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
-        if args.sample_chars < 0:
-            raise ValueError(f"--sample-chars must be >= 0 (0: none), got {args.sample_chars}")
+        if not 0 <= args.sample_chars <= MAX_SAMPLE_CHARS:
+            raise ValueError(f"--sample-chars must be in 0..{MAX_SAMPLE_CHARS} (0: none; one forward per "
+                             f"character after every epoch), got {args.sample_chars}")
         if args.dataset == "text" and not args.dataset_path:
             raise ValueError("--dataset text needs --data FILE.txt")
 

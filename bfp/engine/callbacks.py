@@ -39,6 +39,10 @@ class Callback:
         ``metrics``: ``train_loss, train_acc1, train_acc5, test_loss, test_acc1,
         test_acc5, lr, images_per_s, epoch_time_s``."""
 
+    def on_epoch_saved(self, trainer, epoch: int, metrics: dict[str, float]) -> None:
+        """After the epoch is recorded and its checkpoints are written (slow extras, such as
+        sampling text, go here, so a kill during them loses nothing)."""
+
     def on_train_end(self, trainer) -> None:
         """Once, after the last epoch."""
 

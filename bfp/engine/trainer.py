@@ -222,6 +222,7 @@ class Trainer:
                 else:
                     self._bad_epochs = 0
                     self._save(epoch, metrics)
+                self.callbacks.call("on_epoch_saved", self, epoch, metrics)
                 if self.cfg.max_steps and self.global_step >= self.cfg.max_steps:
                     self.log(f"reached {self.cfg.max_steps} steps (`max_steps`): the run ends after epoch {epoch + 1}")
                     break
