@@ -56,3 +56,17 @@ def test_a_checkpoint_from_before_the_optimizer_flag_resumes_with_sgd(tiny_args,
     ckpt.save(state, last)
     args, _, _ = parse_args(LM, ["--resume", str(run)])  # lm.py's own default is adamw
     assert apply_resume(LM, args)[0].optimizer == "sgd"
+
+
+def test_adamw_beta1_of_one_is_refused_from_flags_and_training_configs(tmp_path, tiny_args, capsys):
+    import json
+    from bfp.cli import cifar as cifar_main
+    assert cifar_main(tiny_args("--optimizer", "adamw", "--optim-momentum", "1.0", "--training-epochs", "1")) == 2
+    assert "--optim-momentum is AdamW's beta1 under --optimizer adamw and must be in [0, 1), got 1.0" in \
+        capsys.readouterr().err
+    tc = tmp_path / "tc.json"
+    tc.write_text(json.dumps({"optimizer-dict": {"1": {"momentum": 1.0}}, "training-epochs": 2}))
+    assert cifar_main(tiny_args("--optimizer", "adamw", "-tc", str(tc))) == 2
+    err = capsys.readouterr().err
+    assert "optimizer-dict[1]['momentum'] is AdamW's beta1" in err and "Traceback" not in err
+    assert cifar_main(tiny_args("--optimizer", "sgd", "--optim-momentum", "1.0", "--training-epochs", "1")) == 0

@@ -141,6 +141,14 @@ def check_args(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
             check_hyperparam(name, value, flag)
         except ValueError as e:
             raise UsageError(str(e)) from None
+    if args.optimizer == "adamw":  # momentum is AdamW's beta1: 1 would divide by 1 - beta1**t = 0
+        moments = [("--optim-momentum", args.optim_momentum)] + [
+            (f"-tc {args.train_config_file}: optimizer-dict[{e!r}]['momentum']", v["momentum"])
+            for e, v in sorted(plan.optimizer.items()) if "momentum" in v]
+        for where, v in moments:
+            if not 0 <= v < 1:
+                raise UsageError(f"{where} is AdamW's beta1 under --optimizer adamw and must be in [0, 1), "
+                                 f"got {v!r}")
     if args.use_lars and args.optimizer != "sgd":
         raise UsageError(f"--use-lars scales SGD's steps layer by layer; it does not combine with --optimizer "
                          f"{args.optimizer}: leave one out")
