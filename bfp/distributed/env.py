@@ -26,8 +26,10 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -128,8 +130,11 @@ def init(e: DistEnv, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
     note = threading.Thread(target=_wait_notes, args=(waiting, e, where), daemon=True)
     note.start()
     try:
+        # A rank other than 0 first reaches rank 0's address itself, within the timeout: PyTorch's
+        # store client retries past it (50 s for 20) and prints C++ frames on the way.
+        left = timeout_s - (_reach(e, where, timeout_s) if e.rank else 0.0)
         dist.init_process_group(backend_for(device), rank=e.rank, world_size=e.world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=datetime.timedelta(seconds=max(left, 1.0)))
     except (RuntimeError, ValueError) as err:  # DistStoreError, DistNetworkError: RuntimeErrors
         why = str(err).splitlines()[0].rstrip(".") if str(err) else type(err).__name__
         raise DistEnvError(f"rank {e.rank}: could not join the {e.world_size}-process group at {where} within "
@@ -139,6 +144,29 @@ def init(e: DistEnv, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S)
     finally:
         waiting.set()
     atexit.register(shutdown)
+
+
+def _reach(e: DistEnv, where: str, timeout_s: float) -> float:
+    """Seconds it took until something accepts a TCP connection at MASTER_ADDR:MASTER_PORT
+    (rank 0's store); ``DistEnvError`` at once for a host that does not resolve, and after
+    ``timeout_s`` when nothing answers."""
+    t0 = time.monotonic()
+    try:
+        socket.getaddrinfo(e.master_addr, int(e.master_port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise DistEnvError(f"rank {e.rank}: MASTER_ADDR {e.master_addr!r} does not resolve "
+                           f"({getattr(err, 'strerror', None) or err}); give rank 0's host name or address"
+                           ) from None
+    while True:
+        left = timeout_s - (time.monotonic() - t0)
+        if left <= 0:
+            raise DistEnvError(f"rank {e.rank}: nothing answered at {where} within {timeout_s:g} s (`timeout_s`): "
+                               f"is rank 0 running, and are MASTER_ADDR/MASTER_PORT the same for every process?")
+        try:
+            socket.create_connection((e.master_addr, int(e.master_port)), timeout=min(left, 2.0)).close()
+            return time.monotonic() - t0
+        except OSError:
+            time.sleep(min(0.25, max(left, 0.0)))
 
 
 def _wait_notes(done: threading.Event, e: DistEnv, where: str) -> None:
