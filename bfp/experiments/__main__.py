@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -39,6 +40,19 @@ def data_folder(arg: str, extract_to: Path) -> str:
     if found is None:
         raise ValueError(f"--data {arg!r} holds no train/ and test/ class folders")
     return str(found)
+
+
+def writable_dir(path: Path, flag: str) -> Path:
+    """``path``, made if missing; ValueError naming ``flag`` when it is a file or not writable."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a file; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {str(path)!r}: cannot create it ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r} is not writable")
+    return path
 
 
 def _dirs(args) -> tuple[Path, Path]:
@@ -74,6 +88,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ValueError(f"--epochs must be a positive integer, got {args.epochs}")
         res_dir, runs_dir = _dirs(args)
         if args.action == "report":
+            doc = Path(args.doc)
+            writable_dir(doc.parent if str(doc.parent) else Path("."), "--doc")
+            if doc.exists() and not os.access(doc, os.W_OK):
+                raise ValueError(f"--doc {args.doc!r} is not writable")
+            writable_dir(Path(args.img), "--img")
             out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc),
                                 Path(args.img), res_dir.as_posix())
             print(f"wrote {out}")
@@ -93,6 +112,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.action == "verify":
             return verify(args, prof, rows, data, res_dir, runs_dir)
+        writable_dir(res_dir, "--results")
+        writable_dir(runs_dir, "--runs")
         print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
         return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs)
     except ValueError as e:
@@ -109,17 +130,19 @@ def verify(args, prof, rows, data, res_dir: Path, runs_dir: Path) -> int:
     recorded = res_dir / f"{row.name}.json"
     if not recorded.is_file():
         raise ValueError(f"no recorded result {recorded} to verify against; run the row first")
-    doc = json.loads(recorded.read_text())
+    doc = results.read_result(recorded)  # checked: its summary agrees with its own epochs
     scratch = runs_dir / ".verify"
     if scratch.exists():
         shutil.rmtree(scratch)
     epochs = len(doc["epochs"])
     if not runner.run_row(args.table, row, prof, data, scratch / "results", scratch, epochs):
         return 1
-    again = json.loads((scratch / "results" / f"{row.name}.json").read_text())
+    again = results.read_result(scratch / "results" / f"{row.name}.json")
     keys = ("train_loss", "test_loss", "test_acc1")
-    diffs = [f"epoch {a['epoch'] + 1} {k}: recorded {a[k]!r}, now {b[k]!r}"
-             for a, b in zip(doc["epochs"], again["epochs"]) for k in keys if a.get(k) != b.get(k)]
+    diffs = [f"epoch {a.get('epoch', i) + 1} {k}: recorded {a.get(k)!r}, now {b.get(k)!r}"
+             for i, (a, b) in enumerate(zip(doc["epochs"], again["epochs"])) for k in keys if a.get(k) != b.get(k)]
+    if len(doc["epochs"]) != len(again["epochs"]):
+        diffs.append(f"{len(doc['epochs'])} epochs recorded, {len(again['epochs'])} rerun")
     if diffs:
         print(f"{row.name}: DIFFERS from {recorded} (threads {doc['threads']}, seed {doc['seed']}, "
               f"machine {doc['machine'].get('cpu')}):\n  " + "\n  ".join(diffs))

@@ -120,10 +120,49 @@ def write_json(doc: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+class ResultError(ValueError):
+    """A result file that is not what the runner wrote; the message names the file."""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check(doc: Any, path: Path) -> dict:
+    """``doc`` if it is a result document that agrees with itself and with its file name:
+    a JSON object whose ``row`` is the file's stem, whose ``epochs`` are objects with numeric
+    ``test_acc1``, and whose ``final_top1``/``best_top1`` are its last and best epoch's. Else
+    ``ResultError`` naming ``path`` and what is wrong."""
+    def bad(why: str) -> ResultError:
+        return ResultError(f"result file {path}: {why}; it is not what the runner wrote (remove it and "
+                           f"rerun the row, or restore it from git)")
+    if not isinstance(doc, dict):
+        raise bad(f"a JSON {type(doc).__name__}, not an object")
+    if doc.get("row") != path.stem:
+        raise bad(f"its row is {doc.get('row')!r}, not {path.stem!r} (its file name)")
+    epochs = doc.get("epochs")
+    if not isinstance(epochs, list) or not epochs or not all(
+            isinstance(e, dict) and _number(e.get("test_acc1")) for e in epochs):
+        raise bad("'epochs' must be a non-empty list of objects with a numeric test_acc1")
+    top1 = [e["test_acc1"] for e in epochs]
+    for key, want in (("final_top1", top1[-1]), ("best_top1", max(top1))):
+        if not _number(doc.get(key)) or doc[key] != want:
+            raise bad(f"{key} is {doc.get(key)!r}, but its own epochs say {want!r}")
+    return doc
+
+
+def read_result(path: Path) -> dict:
+    """One checked result file (``check``); ``ResultError`` naming it when unreadable."""
+    try:
+        doc = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResultError(f"result file {path}: not JSON ({e}); truncated or damaged: remove it and "
+                          f"rerun the row, or restore it from git") from None
+    except OSError as e:
+        raise ResultError(f"result file {path}: cannot read it ({e.strerror or e})") from None
+    return check(doc, Path(path))
+
+
 def load_results(folder: Path) -> dict[str, dict]:
-    """Every ``<row>.json`` of ``folder``, by row name."""
-    out = {}
-    for p in sorted(folder.glob("*.json")):
-        doc = json.loads(p.read_text())
-        out[doc["row"]] = doc
-    return out
+    """Every ``<row>.json`` of ``folder``, by row name, each checked (``read_result``)."""
+    return {p.stem: read_result(p) for p in sorted(Path(folder).glob("*.json"))}

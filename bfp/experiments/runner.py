@@ -72,9 +72,14 @@ def invocations(log: Path) -> list[dict]:
     """One dict per ``cifar.py`` process started for the row; a killed one has no ``returncode``."""
     out: list[dict] = []
     if log.is_file():
-        for line in log.read_text().splitlines():
+        for line in log.read_text(errors="replace").splitlines():
             if line.strip():
-                entry = json.loads(line)
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # torn by a kill while it was written: that entry is lost
+                    continue
+                if not isinstance(entry, dict):
+                    continue
                 if "argv" in entry or not out:
                     out.append(entry)
                 else:
@@ -128,6 +133,7 @@ def run(table: str, rows: list[matrix.Row], prof: matrix.Profile, data: str, res
     failed, t0 = [], time.monotonic()
     for i, row in enumerate(rows, 1):
         if (results_dir / f"{row.name}.json").is_file():
+            results.read_result(results_dir / f"{row.name}.json")  # done only when it is a good one
             say(f"[{i}/{len(rows)}] {row.name}: done ({results_dir / (row.name + '.json')})")
             continue
         say(f"[{i}/{len(rows)}] {row.name}: {row.words}  (elapsed {time.monotonic() - t0:.0f} s)")

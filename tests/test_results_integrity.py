@@ -1,0 +1,97 @@
+"""Result files are checked on load, not trusted: edited, truncated, binary, stray and foreign
+files are refused naming the file; a torn invocation log does not fail its row; output folders
+that cannot be written are refused before any work."""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bfp.experiments import matrix, results, runner
+from bfp.experiments.__main__ import main as experiments
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "results" / "cifar10-table" / "fp32.json"
+
+
+@pytest.fixture
+def table(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    shutil.copy(RECORDED, folder / "fp32.json")
+    return folder
+
+
+def _edit(path, change):
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda d: d.update(final_top1=99.5), "final_top1 is 99.5, but its own epochs say"),
+    (lambda d: d.update(final_top1="68.0"), "final_top1 is '68.0'"),
+    (lambda d: d.update(final_top1=None), "final_top1 is None"),
+    (lambda d: d.pop("row"), "its row is None, not 'fp32'"),
+    (lambda d: d.update(epochs=[]), "'epochs' must be a non-empty list"),
+    (lambda d: d.update(best_top1=0.0), "best_top1 is 0.0"),
+])
+def test_an_edited_result_is_refused_naming_the_file(table, change, why, capsys):
+    _edit(table / "fp32.json", change)
+    with pytest.raises(results.ResultError, match=why):
+        results.load_results(table)
+    assert experiments(["report", "cifar10-table", "--results", str(table), "--doc", str(table / "R.md"),
+                        "--img", str(table / "img")]) == 2
+    err = capsys.readouterr().err
+    assert "fp32.json" in err and "Traceback" not in err and not (table / "R.md").exists()
+
+
+@pytest.mark.parametrize("content", [b'{"row": "fp32", "epo', b"\x89PNG\r\n\x1a\n\x00\xff", b"[1, 2]"])
+def test_truncated_binary_or_list_files_are_refused_naming_the_file(table, content):
+    (table / "fp32.json").write_bytes(content)
+    with pytest.raises(results.ResultError, match="fp32.json"):
+        results.load_results(table)
+
+
+def test_a_stray_file_does_not_replace_a_row(table):
+    stray = json.loads((table / "fp32.json").read_text())
+    (table / "zz-notes.json").write_text(json.dumps(stray))  # "row": "fp32" in another file
+    with pytest.raises(results.ResultError, match="zz-notes.json: its row is 'fp32', not 'zz-notes'"):
+        results.load_results(table)
+
+
+def test_a_bad_result_is_not_taken_as_a_done_row(table, tmp_path):
+    (table / "fp32.json").write_text('{"row": "fp32"')
+    with pytest.raises(results.ResultError, match="fp32.json: not JSON"):
+        runner.run("cifar10-table", [r for r in matrix.table("cifar10-table") if r.name == "fp32"], None, "DATA",
+                   table, tmp_path / "runs")
+
+
+def test_a_torn_invocation_log_keeps_the_entries_before_it(tmp_path):
+    log = tmp_path / ".fp32.invocations.jsonl"
+    log.write_text(json.dumps({"argv": ["cifar.py"], "git_commit": "abc"}) + "\n"
+                   + json.dumps({"wall_s": 3.0, "returncode": 0}) + "\n" + '{"argv": ["cifar.py", "--res')
+    inv = runner.invocations(log)
+    assert inv == [{"argv": ["cifar.py"], "git_commit": "abc", "wall_s": 3.0, "returncode": 0}]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_read_only_outputs_are_refused_before_any_work(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        assert experiments(["run", "cifar10-table", "--data", str(tmp_path), "--results", str(ro / "r")]) == 2
+        assert "--results" in capsys.readouterr().err
+    finally:
+        ro.chmod(0o700)
+
+
+def test_outputs_that_are_files_are_refused_before_any_work(tmp_path, capsys, table):
+    f = tmp_path / "file"
+    f.write_text("")
+    assert experiments(["report", "cifar10-table", "--results", str(table), "--img", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"--img {str(f)!r} is a file" in err and "Traceback" not in err
+    assert experiments(["report", "cifar10-table", "--results", str(table), "--doc", str(f / "x.md")]) == 2
