@@ -28,9 +28,14 @@ def test_an_mx_axis_outside_the_layers_tensors_names_the_file_and_the_layer(tmp_
         bfp.convert(model, str(path))
 
 
-def test_an_mx_axis_in_range_converts(tmp_path):
-    model = bfp.convert(nn.Sequential(nn.Conv2d(1, 2, 3)), str(_mx_config(tmp_path, -4)))
-    assert model[0].precision.fw.axis == -4
+def test_an_mx_axis_in_range_converts_where_it_is_the_points_contraction_axis(tmp_path):
+    path = tmp_path / "fw.json"
+    path.write_text(json.dumps({"version": 1, "default": {"fw": {"mx": "e2m1", "axis": -3}}}))
+    model = bfp.convert(nn.Sequential(nn.Conv2d(1, 2, 3)), str(path))
+    assert model[0].precision.fw.axis == -3  # channels: the forward GEMM's contraction axis
+    with pytest.raises(ConfigError, match=r"point fw: MX blocks lie along axis -4, but this point's GEMM "
+                                          r"contracts along axis 1"):  # in range, but across output channels
+        bfp.convert(nn.Sequential(nn.Conv2d(1, 2, 3)), str(_mx_config(tmp_path, -4)))
 
 
 def test_an_mx_axis_of_9_is_a_usage_error_before_anything_is_written(tmp_path, tiny_args, capsys):
