@@ -267,8 +267,9 @@ def block_shape(block: Any, what: str) -> Union[int, tuple[int, ...]]:
     """A block size, or a tuple of them (a 2-D block, the last entry along the format's axis);
     a one-entry list is the plain size. ``ValueError`` naming ``what`` otherwise."""
     if isinstance(block, (list, tuple)):
-        if not block:
-            raise ValueError(f"{what} block must be a positive integer or a non-empty list of them, got []")
+        if not block or len(block) > 2:
+            raise ValueError(f"{what} block must be a positive integer or a list of one or two (a 2-D block, "
+                             f"the last along the axis), got {list(block)}")
         for b in block:
             _int_in(b, 1, 2 ** 31 - 1, f"{what} block entry")
         return int(block[0]) if len(block) == 1 else tuple(block)

@@ -59,3 +59,11 @@ def test_a_100k_deep_training_config_is_a_usage_error(tmp_path, tiny_args, capsy
     assert main(tiny_args("-tc", str(path))) == 2
     err = capsys.readouterr().err
     assert "deep.json': JSON nested too deeply to read" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec", [{"nvfp4": [16, 16, 16]}, {"mx": "e2m1", "block": [8, 8, 8]}])
+def test_a_block_of_three_dimensions_is_a_config_error(tmp_path, spec):
+    from bfp.config.specs import parse_format
+    with pytest.raises(ConfigError, match=r"block must be a positive integer or a list of one or two .* got "
+                                          r"\[\d+, \d+, \d+\]"):
+        parse_format(spec, source="c.json", where="fw")
