@@ -46,3 +46,32 @@ def test_with_stop_nonfinite_0_the_run_goes_on_but_never_saves_a_non_finite_epoc
 def test_a_negative_stop_nonfinite_is_refused(tiny_args, capsys):
     assert main(tiny_args("--stop-nonfinite", "-1")) == 2
     assert "--stop-nonfinite must be an integer >= 0 (0: never stop), got -1" in capsys.readouterr().err
+
+
+def test_a_nan_test_loss_with_finite_weights_stops_like_a_nan_training_loss(tiny_args, tmp_path, capsys,
+                                                                               monkeypatch):
+    from bfp.engine.trainer import Trainer
+    real = Trainer.evaluate
+
+    def evaluate(self, loader=None):  # a forward that overflows in evaluation only
+        m = real(self, loader)
+        return {**m, "test_loss": float("nan")} if self.epoch >= 1 else m
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    assert main(tiny_args("--training-epochs", "3", "--save", "True", "--run-name", "tl")) == 3
+    err = capsys.readouterr().err
+    assert "epoch 2: the test loss is nan (the weights are finite" in err and "Traceback" not in err
+    assert ckpt.load(tmp_path / "runs" / "tl" / "checkpoints" / "last.pt")["epoch"] == 1
+
+
+def test_silent_cases_are_refused_before_any_work(tiny_args, tmp_path, capsys):
+    assert main(tiny_args("--diagnose", "2", "--training-epochs", "1")) == 2
+    assert "add --log True" in capsys.readouterr().err
+    for out in ("heat.txt", "sweep.csv", "heat"):
+        assert main(tiny_args("--mode", "diagnose", "--diagnose-out", str(tmp_path / out))) == 2
+        assert "must end in .png, .pdf or .svg" in capsys.readouterr().err
+    assert not any(tmp_path.glob("heat*")) and not any(tmp_path.glob("sweep*"))
+    cfg = tmp_path / "rht.json"
+    cfg.write_text(json.dumps({"version": 1, "rules": [{"match": "*", "types": ["Linear"],
+                                                        "precision": {"fw": "nvfp4", "rht": 16}}]}))
+    assert main(tiny_args("--bfp", str(cfg), "--training-epochs", "1")) == 2
+    assert "rht transforms the weight-gradient GEMM's inputs, the bwo and bwi points" in capsys.readouterr().err

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Optional, Sequence
 
@@ -157,6 +159,19 @@ def check_args(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
     if args.diagnose < 0:
         raise UsageError(f"--diagnose must be >= 0 (0: off; N: measure one training step in every N), "
                          f"got {args.diagnose}")
+    if args.diagnose and not args.log and args.mode == "train":
+        raise UsageError(f"--diagnose {args.diagnose} writes what it measures to the run directory's log and "
+                         f"TensorBoard: add --log True (without it every measurement would be discarded)")
+    if args.diagnose_out:
+        out = Path(args.diagnose_out)
+        if out.suffix.lower() not in (".png", ".pdf", ".svg"):
+            raise UsageError(f"--diagnose-out {args.diagnose_out}: the plot's file must end in .png, .pdf or .svg "
+                             f"(matplotlib writes the format its name says)")
+        parent = out.parent if str(out.parent) else Path(".")
+        if out.is_dir() or (parent.exists() and not os.access(parent, os.W_OK)) or \
+                (parent.exists() and not parent.is_dir()):
+            raise UsageError(f"--diagnose-out {args.diagnose_out}: cannot write there (a folder, or a folder "
+                             f"that is not writable)")
     if args.shadow and not args.diagnose:
         raise UsageError("--shadow compares the model with an FP32 copy at the measured steps: give --diagnose N")
     if args.num_workers < 0:

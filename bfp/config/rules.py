@@ -198,6 +198,10 @@ class NetConfig:
         if precision is not None and precision.rht is not None and type_name not in ("Linear", "Matmul"):
             raise ConfigError(f"{self.source}: layer {name!r} ({type_name}): rht (a Hadamard transform of the "
                               f"weight-gradient inputs) is implemented for Linear and Matmul layers only")
+        if precision is not None and precision.rht is not None and precision.bwo is None and precision.bwi is None:
+            raise ConfigError(f"{self.source}: layer {name!r} ({type_name}): rht transforms the weight-gradient "
+                              f"GEMM's inputs, the bwo and bwi points, and this layer quantizes neither: it would "
+                              f"do nothing; give bwo/bwi a format, or leave rht out")
         rank = TENSOR_RANK.get(type_name)
         if precision is None or rank is None:
             return

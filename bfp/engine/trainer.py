@@ -234,12 +234,15 @@ class Trainer:
 
     def _nonfinite(self, metrics: dict[str, float]) -> str:
         """What is not finite after an epoch ('' if nothing): the weights or BatchNorm statistics,
-        or, without loss scaling (which skips such steps), the training loss."""
+        or, without loss scaling (which skips such steps), the training loss, or the test loss (finite
+        weights whose forward overflows: the model cannot be evaluated, so the epoch is not kept)."""
         for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 return f"{name} holds NaN or Inf"
         if not self.amp.scaler.is_enabled() and not math.isfinite(metrics["train_loss"]):
             return f"the training loss is {metrics['train_loss']}"
+        if not math.isfinite(metrics.get("test_loss", 0.0)):
+            return f"the test loss is {metrics['test_loss']} (the weights are finite; the forward overflows)"
         return ""
 
     def _stop_or_warn(self, epoch: int, what: str) -> None:
