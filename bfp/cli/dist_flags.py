@@ -29,13 +29,15 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
                    help="gradient all-reduce format by preset name (e4m3, e5m2, bfloat16, mxfp8_e4m3, "
                         "fb16 ...), instead of --grad-exp/--grad-man")
     g.add_argument("--grad-order", default="ring", choices=ORDERS,
-                   help="order of the rounded sums: ring (what a ring reduce-scatter adds) or sequential "
+                   help="order of the rounded sums: gloo (gloo's ring over the flat bucket, 1 MiB segments: "
+                        "what ProcessGroupGloo adds, bit for bit), ring (bfpsim's per-parameter ring: each "
+                        "parameter's first axis in W chunks; no library adds so for W >= 3) or sequential "
                         "(CPD: gather, add in rank order)")
     g.add_argument("--grad-reduce", default="mean", choices=("mean", "sum"),
                    help="average the workers' gradients (as DDP) or sum them")
     g.add_argument("--grad-divide", default="before", choices=DIVIDE,
-                   help="mean only: divide by the worker count before rounding (PyTorch's fp16 hook; no "
-                        "overflow) or after the sum")
+                   help="mean only: divide by the worker count before rounding (no overflow), after the "
+                        "sum, or cast-first: round, divide, round again (PyTorch's fp16_compress_hook exactly)")
     g.add_argument("--use-aps", "--use_APS", "--use-APS", dest="use_aps", **boolean, default=False,
                    help="auto precision scaling: per gradient tensor, shift by a power of two so the "
                         "largest sum lands at the top of the format, reduce, shift back")

@@ -40,7 +40,14 @@ def gather_workers(rows: torch.Tensor, group: Any = None) -> torch.Tensor:
 def reduce_flat(reduce: RoundedReduce, stack: torch.Tensor, shapes: list[torch.Size],
                 out: torch.Tensor) -> torch.Tensor:
     """Reduce gathered flat buckets ``stack`` ([N, numel]) parameter by parameter into
-    ``out`` ([numel]); the parameters lie in ``stack`` one after another with ``shapes``."""
+    ``out`` ([numel]); the parameters lie in ``stack`` one after another with ``shapes``. A
+    library's order (``gloo``) reduces the bucket's flat buffer at once, as the library does
+    (its APS shift, if any, is then one per bucket)."""
+    if reduce.order == "gloo":
+        if sum(s.numel() for s in shapes) != out.numel():
+            raise RuntimeError(f"bucket holds {out.numel()} gradient elements, its parameters "
+                               f"{sum(s.numel() for s in shapes)}")
+        return out.copy_(reduce(stack))
     off = 0
     for shape in shapes:
         n = shape.numel()

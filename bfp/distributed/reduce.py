@@ -4,9 +4,11 @@
 gradients of N workers, ``stack[w]`` being worker ``w``'s gradient of one
 parameter, the way hardware whose adders hold ``fmt`` would:
 
-1. ``average`` with ``divide="before"`` (the default, as PyTorch's
-   ``fp16_compress_hook``: the sum of N averages cannot overflow where the
-   gradients did not): every gradient is divided by N in float32.
+1. ``average`` with ``divide="before"`` (the default: the sum of N averages
+   cannot overflow where the gradients did not): every gradient is divided by
+   N in float32. ``divide="cast-first"`` is PyTorch's ``fp16_compress_hook``
+   exactly (``buffer.to(float16).div_(world_size)``): each gradient rounded to
+   ``fmt``, divided by N in float32, then rounded again in step 3.
 2. ``aps``: every value is multiplied by ``2**s``, one shift per parameter,
    ``s = top - ceil(log2(max|v| * N))`` with the max over all workers (CPD's
    auto precision scaling; the max is what CPD all-reduces with MAX), so the
@@ -63,6 +65,15 @@ to ``fmt``) and the parameter cut into 3 chunks along its first axis:
   each chunk where its worker holds it. With N = 2 both orders are equal
   (float addition commutes).
 
+* ``gloo``: what gloo's ring all-reduce adds (``bfp.distributed.orders``, from
+  ``gloo/allreduce.cc``): the *flat* tensor cut into segments of at most 1 MiB, chunk
+  ``c`` (P consecutive segments) started by worker ``c - 1`` and added by ``c - 2``,
+  ``c - 3``, ..., ending at worker ``c``; each partial sum rounded to ``fmt``, whose
+  storage size (1, 2 or 4 bytes) sets the segment length. For ``Float`` formats only (a
+  block format's tiles would straddle the cuts). Bit for bit real gloo's ``all_reduce``
+  of float16/bfloat16 tensors with ``Float(5, 10, overflow="inf")`` / ``Float(8, 7,
+  overflow="inf")`` (``tests/test_gloo_order.py``, 3 and 4 processes).
+
 Every worker ends with the same sum (an all-reduce); the functions here are
 the single-process reference that the DDP hook and the emulated workers both
 call on the gathered gradients.
@@ -80,9 +91,10 @@ from ..mx import MX
 from ..nvfp4 import NVFP4
 from ..kernels import quantize
 from ..kernels.plan import tile_for
+from .orders import element_bytes, gloo_chunks
 
-ORDERS = ("ring", "sequential")
-DIVIDE = ("before", "after")
+ORDERS = ("ring", "sequential", "gloo")
+DIVIDE = ("before", "after", "cast-first")
 
 
 def check_grad_format(fmt: Optional[Format], shapes=()) -> None:
@@ -164,6 +176,8 @@ class RoundedReduce:
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"reduction order {self.order!r}: allowed {', '.join(ORDERS)}")
+        if self.order == "gloo":
+            element_bytes(self.fmt)  # a block format cannot ride gloo's flat segments: refused here
         if self.divide not in DIVIDE:
             raise ValueError(f"divide {self.divide!r}: allowed {', '.join(DIVIDE)}")
         check_grad_format(self.fmt)
@@ -190,6 +204,8 @@ class RoundedReduce:
             v = stack.float()
             if self.average and self.divide == "before":
                 v = v / n
+            elif self.average and self.divide == "cast-first":  # fp16_compress_hook: q(q(g) / N)
+                v = self._q_workers(v) / n
             s = aps_shift(v, self.fmt) if self.aps else 0
             terms = self._q_workers(_shift_up(v, s))
             total = self._sum(self._ordered(terms))
@@ -204,6 +220,11 @@ class RoundedReduce:
         n = terms.shape[0]
         if self.order == "sequential" or n <= 2:  # two addends: both orders add t0 + t1 (addition commutes)
             return list(terms.unbind(0))
+        if self.order == "gloo":  # the flat buffer's chunks, each added from rank c-1 down to rank c
+            flat = terms.reshape(n, -1)
+            chunk = gloo_chunks(flat.shape[1], n, element_bytes(self.fmt)).to(flat.device)
+            cols = torch.arange(flat.shape[1], device=flat.device)
+            return [flat[(chunk - 1 - k) % n, cols].reshape(terms.shape[1:]) for k in range(n)]
         shape = tuple(terms.shape[1:])
         t = terms.reshape(n, *(shape or (1,)))
         owner = ring_owner(tuple(t.shape[1:]), n, self.fmt).to(t.device)

@@ -39,7 +39,8 @@ from .reduce import RoundedReduce, _shift_up, aps_shift, ring_owner
 
 def ring_capable(reduce: RoundedReduce) -> bool:
     """True when ``ring_allreduce`` can run ``reduce`` (ring order, a chunkable format)."""
-    return reduce.order == "ring" and not isinstance(reduce.fmt, (NVFP4, Scaled))
+    return reduce.order == "ring" and reduce.divide in ("before", "after") and \
+        not isinstance(reduce.fmt, (NVFP4, Scaled))
 
 
 def _chunks(shape: torch.Size, world: int, fmt) -> list[tuple[int, int]]:

@@ -1,0 +1,81 @@
+"""RoundedReduce(order="gloo") is bit for bit what real gloo adds: 3 and 4 processes,
+torch.distributed all_reduce(SUM) of float16 and bfloat16 CPU tensors (random inputs of 1 to 100
+elements, one rank's spike that overflows float16, and a buffer of several 1 MiB segments per
+rank), against the [W, n] stack through the reference."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bfp.distributed.orders import gloo_chunks, gloo_order, gloo_segments
+from bfp.distributed.reduce import RoundedReduce
+from bfp.formats import Float
+from gloo_cases import cases
+
+ROOT = Path(__file__).resolve().parents[1]
+FMT = {str(torch.float16): Float(5, 10, overflow="inf"), str(torch.bfloat16): Float(8, 7, overflow="inf")}
+
+
+def test_gloo_segments_follow_allreduce_cc():
+    assert gloo_segments(10, 3, 2) == (6, 2, 2)  # 10 elements over 3 ranks: chunks of 4, 4, 2
+    assert gloo_chunks(10, 3, 2).tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    n = 3 * 2 ** 20  # 6 MiB of 2-byte elements: 6 segments of 1 MiB, rounded up to 2 W = 8 for W = 4
+    assert gloo_segments(n, 4, 2) == (8, 2, n // 8)
+    assert gloo_segments(5 * 2 ** 20, 3, 2) == (12, 4, -(-5 * 2 ** 20 // 12))
+    assert gloo_order(0, 3) == [2, 1, 0] and gloo_order(1, 3) == [0, 2, 1] and gloo_order(2, 4) == [1, 0, 3, 2]
+
+
+def test_the_worked_example_in_gloos_order():
+    x = torch.tensor([[1.0] * 3, [0.0625] * 3, [0.0625] * 3])
+    e4m3 = Float(4, 3)
+    assert RoundedReduce(e4m3, order="gloo", average=False)(x).tolist() == [1.125, 1.125, 1.0]
+    assert RoundedReduce(e4m3, order="ring", average=False)(x).tolist() == [1.0, 1.125, 1.0]
+
+
+def test_block_formats_are_refused_for_a_librarys_flat_order():
+    from bfp.formats import format_from_name
+    with pytest.raises(ValueError, match="block format, whose tiles the cuts would split"):
+        RoundedReduce(format_from_name("fb16"), order="gloo")
+
+
+def _launch(world: int, *args) -> None:
+    env = dict(os.environ, WORLD_SIZE=str(world), OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_gloo_worker.py"), *map(str, args)],
+                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(world)]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+
+
+def test_a_ddp_run_with_pytorchs_fp16_compress_hook_equals_bfpsims_hook_in_gloos_order(tmp_path):
+    _launch(3, tmp_path, "ddp")
+    steps = torch.load(tmp_path / "ddp.pt")
+    for i, (theirs, ours) in enumerate(steps):
+        for a, b in zip(theirs, ours):
+            assert torch.equal(a, b), f"step {i + 1}: {(a != b).sum()} of {a.numel()} parameters differ"
+    assert not torch.equal(steps[0][0][0], steps[2][0][0])  # the steps changed the weights
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_equals_real_gloo_bit_for_bit(tmp_path, world):
+    _launch(world, tmp_path)
+    got = torch.load(tmp_path / "results.pt")
+    differs_from_per_parameter_ring = 0
+    for name, stack in cases(world).items():
+        for dtype, fmt in FMT.items():
+            x = stack.to(getattr(torch, dtype.split(".")[1])).float()
+            want = RoundedReduce(fmt, order="gloo", average=False)(x)
+            real = got[(name, dtype)]
+            assert torch.equal(want, real), f"{name} {dtype}: {(want != real).sum()} of {real.numel()} differ"
+            differs_from_per_parameter_ring += not torch.equal(
+                RoundedReduce(fmt, order="ring", average=False)(x), real)
+    assert differs_from_per_parameter_ring > 0  # the older per-parameter order is not gloo's
+    assert torch.isinf(got[("spike97", str(torch.float16))]).any()  # float16 overflowed, as IEEE does
