@@ -179,7 +179,9 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
     lines += ["## Rerunning a row", "",
               "Copy a row's command (run from the repository root, with the JPEG CIFAR-10 unpacked in "
               "`data/cifar10_jpg`, e.g. by `python -m bfp.experiments run ... --data "
-              "../shared/data/cifar10-jpg.tar.gz`). With the same thread count (`--threads 2`), seed, "
+              "../shared/data/cifar10-jpg.tar.gz`, or made from the CIFAR-10 site's archive by "
+              "`python -m bfp.data prepare cifar10 --from cifar-10-python.tar.gz --out data/cifar10_jpg`). "
+              "With the same thread count (`--threads 2`), seed, "
               "machine type and package versions, it reproduces the recorded per-epoch losses and "
               "accuracies exactly; `python -m bfp.experiments verify " + table + " --row NAME --data DIR` "
               "reruns a row into a scratch folder and compares every epoch's numbers with its result file. "
