@@ -96,3 +96,29 @@ def test_four_processes_of_eight_emulated_workers_equal_one_process_of_thirty_tw
         assert torch.equal(a["model"][k], b["model"][k]), k
     for k, s in a["optimizer"]["state"].items():
         assert torch.equal(s["momentum_buffer"], b["optimizer"]["state"][k]["momentum_buffer"]), k
+
+
+@pytest.mark.parametrize("order", ["gloo", "nccl-ring", "nccl-tree"])
+def test_library_orders_train_from_the_command_line_and_say_so(tiny_args, capsys, order):
+    assert main(tiny_args("--training-epochs", "1", "--emulate-node", "4", "--grad-format", "e4m3",
+                          "--grad-order", order, "--nodes", "2", "--nccl-channels", "2")) == 0
+    out = capsys.readouterr().out
+    assert f"{order} order" in out and ("2 channel(s)" in out) == order.startswith("nccl")
+
+
+def test_grad_format_truncation_and_aps_without_a_format_warn(tiny_args, capsys):
+    assert main(tiny_args("--training-epochs", "1", "--emulate-node", "2", "--grad-format", "fb16")) == 0
+    assert "truncates: every partial sum of the all-reduce is cut toward zero" in capsys.readouterr().err
+    assert main(tiny_args("--training-epochs", "1", "--emulate-node", "2", "--use-aps")) == 0
+    assert "--use-aps scales the gradients into a gradient format, but none is given" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--grad-order", "nccl-tree", "--nodes", "3"], "--nodes 3 does not divide the 4 workers"),
+    (["--grad-order", "gloo", "--grad-format", "fb16"], "block format, whose tiles the cuts would split"),
+    (["--grad-order", "nccl-ring", "--nccl-channels", "0"], "--nccl-channels must be an integer in 1..64"),
+])
+def test_bad_order_settings_are_usage_errors(tiny_args, capsys, flags, message):
+    assert main(tiny_args("--training-epochs", "1", "--emulate-node", "4", "--grad-format", "e4m3", *flags)) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

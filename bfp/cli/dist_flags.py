@@ -30,9 +30,18 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
                         "fb16 ...), instead of --grad-exp/--grad-man")
     g.add_argument("--grad-order", default="ring", choices=ORDERS,
                    help="order of the rounded sums: gloo (gloo's ring over the flat bucket, 1 MiB segments: "
-                        "what ProcessGroupGloo adds, bit for bit), ring (bfpsim's per-parameter ring: each "
+                        "what ProcessGroupGloo adds, bit for bit), nccl-ring / nccl-tree (NCCL's ring and double "
+                        "binary tree, from its source: --nccl-channels, --nccl-proto, --nodes), ring (bfpsim's per-parameter ring: each "
                         "parameter's first axis in W chunks; no library adds so for W >= 3) or sequential "
                         "(CPD: gather, add in rank order)")
+    g.add_argument("--nccl-channels", type=int, default=1, metavar="C",
+                   help="--grad-order nccl-ring/nccl-tree: channels the buffer is split over (NCCL_MIN/MAX_NCHANNELS)")
+    g.add_argument("--nccl-proto", default="simple", choices=("simple", "ll", "ll128"),
+                   help="--grad-order nccl-ring: the protocol, whose chunk sets the ring's blocks (Simple 2 MiB, "
+                        "LL 32 KiB, LL128 576,000 B)")
+    g.add_argument("--nodes", type=int, default=1, metavar="N",
+                   help="--grad-order nccl-tree: nodes the workers lie on (a chain inside each node, a double "
+                        "binary tree between them); must divide the worker count")
     g.add_argument("--grad-reduce", default="mean", choices=("mean", "sum"),
                    help="average the workers' gradients (as DDP) or sum them")
     g.add_argument("--grad-divide", default="before", choices=DIVIDE,

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .reduce import RoundedReduce
+from .reduce import LIBRARY_ORDERS, RoundedReduce
 from .ring import ring_allreduce, ring_capable
 
 
@@ -43,7 +43,7 @@ def reduce_flat(reduce: RoundedReduce, stack: torch.Tensor, shapes: list[torch.S
     ``out`` ([numel]); the parameters lie in ``stack`` one after another with ``shapes``. A
     library's order (``gloo``) reduces the bucket's flat buffer at once, as the library does
     (its APS shift, if any, is then one per bucket)."""
-    if reduce.order == "gloo":
+    if reduce.order in LIBRARY_ORDERS:
         if sum(s.numel() for s in shapes) != out.numel():
             raise RuntimeError(f"bucket holds {out.numel()} gradient elements, its parameters "
                                f"{sum(s.numel() for s in shapes)}")

@@ -20,16 +20,74 @@ all-gather only copies. With W = 2 every order agrees (float addition commutes).
 ``gloo_chunks(n, world, es)`` gives every element's chunk, ``gloo_order(c, world)`` the ranks in
 the order they add chunk ``c``; ``element_bytes(fmt)`` the transport's element size (a ``Float``
 of at most 8 bits: 1, at most 16: 2, else 4; None (float32): 4).
+
+``nccl-ring`` (NCCL's ``src/device/all_reduce.h``, ``runRing``): the buffer is cut into one
+contiguous part per channel (``ncclCollCbdPart``; here: equal parts in units of 16 bytes, the
+first parts one unit longer, a simplification of ``enqueue.cc``'s cell split, whose exact sizes
+depend on NCCL's tuner), each part into blocks of ``nranks * chunkCount`` elements (``chunkCount``
+= the protocol's chunk, ``NCCL_CHUNK_BYTES`` / es: Simple 2 MiB, LL 32 KiB, LL128 576,000 B;
+``calcCollChunking`` may shrink it for small messages: set ``chunk_bytes``), the last block's
+``chunkCount = alignUp(ceil(rem / nranks), 16 / es)``. Chunk ``j`` of a block is sent first by
+ring index ``j + 1`` (step 0: ``chunk = ringIx + nranks - 1``), reduced at ``j + 2``, ..., and
+finished at ring index ``j`` (step k-1: ``chunk = ringIx``). A channel's ring is a permutation of
+the ranks (``rings``; default 0..W-1 for every channel, what one node without a topology file
+gets; ``NCCL_DEBUG=INFO`` prints the real ones as "Channel 00 : 0 1 2 3").
+
+``nccl-tree`` (``runTreeUpDown``; ``src/graph/trees.cc``, ``connect.cc``): ``nodes`` nodes of
+``W / nodes`` ranks (rank = node * R + local). Inside a node a chain: local rank 0 is the node's
+head, local ``i``'s child is ``i + 1``. Between nodes a double binary tree over node indices
+(``ncclGetDtree``): tree 0 is ``ncclGetBtree``, tree 1 its mirror (even node count) or shifted by
+one (odd). Every rank folds its own value, then its chain child's partial sum, then its tree
+children ``d0``, ``d1`` (the heads of those nodes), in that order (``tree->down`` is filled so:
+chain child in ``ncclTopoPreset``, then ``setTreeDown`` d0, d1), each add rounded. NCCL doubles the
+tree channels, the second half using tree 1: here channel ``c`` of ``channels`` uses tree 0 when
+``c < ceil(channels / 2)``, else tree 1.
+
+Neither NCCL order has been compared with a real NCCL here (no GPU): ``benchmarks/nccl_check.py``
+does that on a GPU machine; the tests check hand-derived tables.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..formats import Float, Format
 
-__all__ = ["GLOO_MAX_SEGMENT", "gloo_segments", "gloo_chunks", "gloo_order", "element_bytes"]
+__all__ = ["GLOO_MAX_SEGMENT", "gloo_segments", "gloo_chunks", "gloo_order", "element_bytes", "NcclOptions",
+           "NCCL_CHUNK_BYTES", "channel_parts", "nccl_ring_groups", "btree", "dtree", "nccl_tree"]
+
+NCCL_CHUNK_BYTES = {"simple": 2 << 20, "ll": 32 << 10, "ll128": 576_000}
+
+
+@dataclass(frozen=True)
+class NcclOptions:
+    """How an NCCL collective is laid out (module docstring): channels, protocol (its chunk, or
+    ``chunk_bytes``), nodes (for the tree), and each channel's ring order (``rings``)."""
+
+    channels: int = 1
+    protocol: str = "simple"
+    nodes: int = 1
+    chunk_bytes: Optional[int] = None
+    rings: tuple = ()
+
+    def __post_init__(self):
+        if isinstance(self.channels, bool) or not isinstance(self.channels, int) or not 1 <= self.channels <= 64:
+            raise ValueError(f"`nccl_channels` must be an integer in 1..64, got {self.channels!r}")
+        if self.protocol not in NCCL_CHUNK_BYTES:
+            raise ValueError(f"`nccl_proto` {self.protocol!r} unknown; allowed: {', '.join(NCCL_CHUNK_BYTES)}")
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"`nodes` must be a positive integer, got {self.nodes!r}")
+        if self.chunk_bytes is not None and (not isinstance(self.chunk_bytes, int) or self.chunk_bytes < 16):
+            raise ValueError(f"chunk_bytes must be an integer >= 16, got {self.chunk_bytes!r}")
+        object.__setattr__(self, "rings", tuple(tuple(r) for r in self.rings))
+
+    def ring(self, channel: int, world: int) -> tuple[int, ...]:
+        ring = self.rings[channel % len(self.rings)] if self.rings else tuple(range(world))
+        if sorted(ring) != list(range(world)):
+            raise ValueError(f"ring {list(ring)} of channel {channel} is not a permutation of the {world} ranks")
+        return ring
 
 GLOO_MAX_SEGMENT = 1 << 20  # gloo::AllreduceOptions::kMaxSegmentSize (gloo/allreduce.h)
 
@@ -69,3 +127,98 @@ def gloo_chunks(n: int, world: int, es: int, max_segment: int = GLOO_MAX_SEGMENT
 def gloo_order(chunk: int, world: int) -> list[int]:
     """The ranks that add chunk ``chunk``, in order: ``chunk - 1``, ``chunk - 2``, ..., ``chunk``."""
     return [(chunk - 1 - k) % world for k in range(world)]
+
+
+def channel_parts(n: int, channels: int, es: int) -> list[tuple[int, int]]:
+    """(offset, count) of each channel's contiguous part of ``n`` elements: equal parts in units of
+    16 bytes (``16 // es`` elements), the first parts one unit longer, empty channels dropped."""
+    unit = max(1, 16 // es)
+    units = -(-n // unit)
+    base, extra = divmod(units, channels)
+    out, off = [], 0
+    for c in range(channels):
+        count = min((base + (c < extra)) * unit, n - off)
+        if count > 0:
+            out.append((off, count))
+        off += max(count, 0)
+    return out
+
+
+def nccl_ring_groups(n: int, world: int, es: int, opts: NcclOptions = NcclOptions()) -> tuple[torch.Tensor, list]:
+    """(the group of every element, each group's ranks in the order they add it) for NCCL's ring."""
+    group = torch.empty(n, dtype=torch.long)
+    orders: list[tuple[int, ...]] = []
+    index: dict[tuple[int, ...], int] = {}
+    chunk = (opts.chunk_bytes or NCCL_CHUNK_BYTES[opts.protocol]) // es
+    align = max(1, 16 // es)
+    for ch, (off, count) in enumerate(channel_parts(n, opts.channels, es)):
+        ring = opts.ring(ch, world)
+        elem = 0
+        while elem < count:
+            rem, cc = count - elem, chunk
+            if rem < world * chunk:
+                cc = -(-(-(-rem // world)) // align) * align
+            for j in range(world):
+                a, b = elem + j * cc, min(elem + (j + 1) * cc, count)
+                if b <= a:
+                    continue
+                seq = tuple(ring[(j + 1 + k) % world] for k in range(world))
+                group[off + a:off + b] = index.setdefault(seq, len(index))
+                if len(orders) < len(index):
+                    orders.append(seq)
+            elem += world * cc
+    return group, orders
+
+
+def btree(nranks: int, rank: int) -> tuple[int, int, int]:
+    """(parent, child 0, child 1) of ``rank`` in ``ncclGetBtree`` (-1: none)."""
+    bit = 1
+    while bit < nranks:
+        if bit & rank:
+            break
+        bit <<= 1
+    if rank == 0:
+        return -1, -1, (bit >> 1) if nranks > 1 else -1
+    up = (rank ^ bit) | (bit << 1)
+    if up >= nranks:
+        up = rank ^ bit
+    low = bit >> 1
+    d0 = -1 if low == 0 else rank - low
+    d1 = -1 if low == 0 else rank + low
+    while d1 >= nranks:
+        d1 = -1 if low == 0 else rank + low
+        low >>= 1
+    return up, d0, d1
+
+
+def dtree(nranks: int, rank: int, tree: int) -> tuple[int, int, int]:
+    """(parent, child 0, child 1) of ``rank`` in tree 0 or 1 of ``ncclGetDtree``."""
+    if tree == 0:
+        return btree(nranks, rank)
+    if nranks % 2 == 1:  # shifted by one
+        u, d0, d1 = btree(nranks, (rank - 1 + nranks) % nranks)
+        return tuple(-1 if x == -1 else (x + 1) % nranks for x in (u, d0, d1))
+    u, d0, d1 = btree(nranks, nranks - 1 - rank)  # mirrored
+    return tuple(-1 if x == -1 else nranks - 1 - x for x in (u, d0, d1))
+
+
+def nccl_tree(world: int, nodes: int, tree: int) -> tuple:
+    """The fold of tree ``tree``: a nested ``(rank, (child, child, ...))``, each rank adding its own
+    value, then its children's partial sums in order (chain child, then d0, d1)."""
+    if world % nodes:
+        raise ValueError(f"{world} ranks do not split into {nodes} nodes of equal size")
+    per = world // nodes
+
+    def head(node: int) -> int:
+        return node * per
+
+    def fold(rank: int) -> tuple:
+        node, local = divmod(rank, per)
+        kids = [rank + 1] if local + 1 < per else []
+        if local == 0:
+            _, d0, d1 = dtree(nodes, node, tree)
+            kids += [head(d) for d in (d0, d1) if d != -1]
+        return rank, tuple(fold(k) for k in kids)
+
+    root = next(k for k in range(nodes) if dtree(nodes, k, tree)[0] == -1)
+    return fold(head(root))

@@ -91,9 +91,10 @@ from ..mx import MX
 from ..nvfp4 import NVFP4
 from ..kernels import quantize
 from ..kernels.plan import tile_for
-from .orders import element_bytes, gloo_chunks
+from .orders import NcclOptions, channel_parts, element_bytes, gloo_chunks, nccl_ring_groups, nccl_tree
 
-ORDERS = ("ring", "sequential", "gloo")
+ORDERS = ("ring", "sequential", "gloo", "nccl-ring", "nccl-tree")
+LIBRARY_ORDERS = ("gloo", "nccl-ring", "nccl-tree")  # on the flat buffer, as the library cuts it
 DIVIDE = ("before", "after", "cast-first")
 
 
@@ -172,12 +173,16 @@ class RoundedReduce:
     kahan: bool = False
     average: bool = True
     divide: str = "before"
+    nccl: NcclOptions = NcclOptions()  # channels, protocol, nodes, rings of the NCCL orders
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"reduction order {self.order!r}: allowed {', '.join(ORDERS)}")
-        if self.order == "gloo":
-            element_bytes(self.fmt)  # a block format cannot ride gloo's flat segments: refused here
+        if self.order in LIBRARY_ORDERS:
+            element_bytes(self.fmt)  # a block format cannot ride a library's flat cuts: refused here
+        if self.order == "nccl-tree" and self.kahan:
+            raise ValueError("Kahan summation runs along one chain of adds; the nccl-tree order adds partial sums "
+                             "of subtrees: use another order with Kahan")
         if self.divide not in DIVIDE:
             raise ValueError(f"divide {self.divide!r}: allowed {', '.join(DIVIDE)}")
         check_grad_format(self.fmt)
@@ -208,7 +213,7 @@ class RoundedReduce:
                 v = self._q_workers(v) / n
             s = aps_shift(v, self.fmt) if self.aps else 0
             terms = self._q_workers(_shift_up(v, s))
-            total = self._sum(self._ordered(terms))
+            total = self._tree_sum(terms) if self.order == "nccl-tree" else self._sum(self._ordered(terms))
             total = _shift_up(total, -s)
             if self.average and self.divide == "after":
                 total = total / n
@@ -225,6 +230,12 @@ class RoundedReduce:
             chunk = gloo_chunks(flat.shape[1], n, element_bytes(self.fmt)).to(flat.device)
             cols = torch.arange(flat.shape[1], device=flat.device)
             return [flat[(chunk - 1 - k) % n, cols].reshape(terms.shape[1:]) for k in range(n)]
+        if self.order == "nccl-ring":  # per channel and block, chunk j from ring index j+1 round to j
+            flat = terms.reshape(n, -1)
+            group, orders = nccl_ring_groups(flat.shape[1], n, element_bytes(self.fmt), self.nccl)
+            worker = torch.tensor(orders, dtype=torch.long, device=flat.device)[group.to(flat.device)]
+            cols = torch.arange(flat.shape[1], device=flat.device)
+            return [flat[worker[:, k], cols].reshape(terms.shape[1:]) for k in range(n)]
         shape = tuple(terms.shape[1:])
         t = terms.reshape(n, *(shape or (1,)))
         owner = ring_owner(tuple(t.shape[1:]), n, self.fmt).to(t.device)
@@ -234,6 +245,27 @@ class RoundedReduce:
             pick = t[(owner + k) % n, rows]  # row r of worker (owner(r) + k) mod N
             out.append(pick.reshape(shape))
         return out
+
+    def _tree_sum(self, terms: torch.Tensor) -> torch.Tensor:
+        """NCCL's tree: each element summed along its channel's tree (``orders.nccl_tree``), every
+        rank adding its own value, then its children's partial sums in order, each add rounded."""
+        n = terms.shape[0]
+        flat = terms.reshape(n, -1)
+
+        def fold(node) -> torch.Tensor:
+            rank, kids = node
+            acc = flat[rank]
+            for kid in kids:
+                acc = self._q(acc + fold(kid))
+            return acc
+        parts = channel_parts(flat.shape[1], self.nccl.channels, element_bytes(self.fmt))
+        first = -(-self.nccl.channels // 2)  # channels 0 .. first-1 run tree 0, the rest tree 1
+        sums = [fold(nccl_tree(n, self.nccl.nodes, t)) for t in ((0,) if len(parts) <= first else (0, 1))]
+        out = sums[0].clone()
+        for c, (off, count) in enumerate(parts):
+            if c >= first:
+                out[off:off + count] = sums[1][off:off + count]
+        return out.reshape(terms.shape[1:])
 
     def _sum(self, terms: list[torch.Tensor]) -> torch.Tensor:
         s, comp = terms[0], None
@@ -250,6 +282,9 @@ class RoundedReduce:
 
     def describe(self) -> str:
         fmt = "float32" if self.fmt is None else repr(self.fmt)
+        if self.order.startswith("nccl"):
+            o = self.nccl
+            fmt += f", {o.channels} channel(s), {o.protocol}" + (f", {o.nodes} node(s)" if self.order == "nccl-tree" else "")
         extras = [x for x, on in (("APS", self.aps), ("Kahan", self.kahan)) if on]
         mean = f"mean (divide {self.divide})" if self.average else "sum"
         return f"gradient reduction: {fmt}, {self.order} order, {mean}" + "".join(f", {x}" for x in extras)
