@@ -37,6 +37,8 @@ The decision needs one device-to-host sync per step (as GradScaler's does).
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 from typing import Any, Optional, Union
 
@@ -211,6 +213,11 @@ class MixedPrecision:
             return
         with watching(self._overflow):
             self.scaler.scale_loss(loss).backward()
+
+    def watch(self):
+        """A context in which the gradient reduction's overflows reach this step's flag (what
+        ``backward`` does for the layers' points; a no-op without loss scaling)."""
+        return watching(self._overflow) if self.scaler.is_enabled() else contextlib.nullcontext()
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Unscale, step unless gradients overflowed, update the scale; returns whether it stepped."""

@@ -52,8 +52,10 @@ from .scaled import Scaled
 
 __all__ = ["GRADIENT_POINTS", "OverflowFlag", "overflow_limit", "watching", "check", "active"]
 
-#: The backward points whose values scale with the loss scale.
-GRADIENT_POINTS = ("bio", "bwo", "big", "bwg")
+#: The backward points whose values scale with the loss scale, and the gradient all-reduce
+#: (``reduce``: each worker's gradient before it is rounded to the reduction's format, and every
+#: partial sum before it is rounded, ``bfp.distributed.reduce``).
+GRADIENT_POINTS = ("bio", "bwo", "big", "bwg", "reduce")
 
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 

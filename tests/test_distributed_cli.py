@@ -122,3 +122,20 @@ def test_bad_order_settings_are_usage_errors(tiny_args, capsys, flags, message):
     assert main(tiny_args("--training-epochs", "1", "--emulate-node", "4", "--grad-format", "e4m3", *flags)) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_loss_scaler_skips_a_step_whose_reduced_sum_overflows(tiny_args, tmp_path):
+    """No layer is quantized, so only the all-reduce (saturating e5m2, no APS) can overflow: a huge
+    initial loss scale must be backed off after skipped steps, as for a layer's gradient points."""
+    args = tiny_args("--training-epochs", "1", "--emulate-node", "2", "--grad-format", "e5m2", "--loss-scale",
+                     "dynamic", "--loss-scale-init", "1e12", "--log", "True", "--run-name", "ov")
+    assert main(args) == 0
+    epoch = json.loads((tmp_path / "runs" / "ov" / "metrics.jsonl").read_text().splitlines()[0])
+    assert epoch["skipped_steps"] >= 1 and epoch["loss_scale"] < 1e12
+    from bfp.distributed.reduce import RoundedReduce
+    from bfp.formats import format_from_name
+    from bfp.overflow import OverflowFlag, watching
+    flag = OverflowFlag()
+    with watching(flag):  # the reduction reports a partial sum beyond e5m2's 57344, not only a worker's value
+        RoundedReduce(format_from_name("e5m2"), order="sequential", average=False)(torch.full((2, 3), 40000.0))
+    assert bool(flag.pop()) and flag.pop() is None

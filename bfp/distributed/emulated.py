@@ -91,8 +91,10 @@ class EmulatedStep:
         shapes = [p.shape for p in params]
         if self.keep_rows:  # a copy of this process's workers' gradients (tests); the ring consumes rows
             self.last_rows = rows.clone()
+        watch = amp.watch()  # the reduction's overflows reach the loss scaler, as the layers' points do
         if ring_capable(self.reduce):  # this process's workers only; partial sums go round the ring
-            flat, sent = ring_reduce_workers(self.reduce, rows[:, :total], shapes, self.group)
+            with watch:
+                flat, sent = ring_reduce_workers(self.reduce, rows[:, :total], shapes, self.group)
             self.bytes_sent += sent
             used = rows[:, total:].amax(0)
             if group_size(self.group) > 1:
@@ -101,8 +103,9 @@ class EmulatedStep:
         else:  # sequential (CPD's gather), or a format rounded on whole tensors only
             if group_size(self.group) > 1:
                 rows = gather_workers(rows, self.group)
-            flat = reduce_flat(self.reduce, rows[:, :total], shapes,
-                               torch.empty(total, dtype=torch.float32, device=x.device))
+            with watch:
+                flat = reduce_flat(self.reduce, rows[:, :total], shapes,
+                                   torch.empty(total, dtype=torch.float32, device=x.device))
             used = rows[:, total:].amax(0) > 0
         off = 0
         for i, p in enumerate(params):

@@ -86,6 +86,7 @@ from typing import Optional
 
 import torch
 
+from .. import overflow
 from ..formats import BlockFloat, Float, Format, Rounding
 from ..mx import MX
 from ..nvfp4 import NVFP4
@@ -212,7 +213,9 @@ class RoundedReduce:
             elif self.average and self.divide == "cast-first":  # fp16_compress_hook: q(q(g) / N)
                 v = self._q_workers(v) / n
             s = aps_shift(v, self.fmt) if self.aps else 0
-            terms = self._q_workers(_shift_up(v, s))
+            v = _shift_up(v, s)
+            overflow.check("reduce", v, self.fmt)  # a loss scaler watching sees a worker's gradient overflow
+            terms = self._q_workers(v)
             total = self._tree_sum(terms) if self.order == "nccl-tree" else self._sum(self._ordered(terms))
             total = _shift_up(total, -s)
             if self.average and self.divide == "after":
@@ -256,7 +259,7 @@ class RoundedReduce:
             rank, kids = node
             acc = flat[rank]
             for kid in kids:
-                acc = self._q(acc + fold(kid))
+                acc = self.q_sum(acc, fold(kid))
             return acc
         parts = channel_parts(flat.shape[1], self.nccl.channels, element_bytes(self.fmt))
         first = -(-self.nccl.channels // 2)  # channels 0 .. first-1 run tree 0, the rest tree 1
@@ -267,17 +270,25 @@ class RoundedReduce:
                 out[off:off + count] = sums[1][off:off + count]
         return out.reshape(terms.shape[1:])
 
+    def q_sum(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``q(a + b)``: one rounded add of the reduction, its float32 sum first shown to a watching
+        overflow flag (``bfp.overflow``), so a loss scaler skips a step whose reduced sums overflow or
+        saturate the format, as it does for a layer's gradient points."""
+        x = a + b
+        overflow.check("reduce", x, self.fmt)
+        return self._q(x)
+
     def _sum(self, terms: list[torch.Tensor]) -> torch.Tensor:
         s, comp = terms[0], None
         for t in terms[1:]:
             if self.kahan:
                 comp = torch.zeros_like(s) if comp is None else comp
                 y = self._q(t - comp)
-                total = self._q(s + y)
+                total = self.q_sum(s, y)
                 comp = self._q(self._q(total - s) - y)
                 s = total
             else:
-                s = self._q(s + t)
+                s = self.q_sum(s, t)
         return s
 
     def describe(self) -> str:

@@ -32,6 +32,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from .. import overflow
 from ..nvfp4 import NVFP4
 from ..scaled import Scaled
 from .reduce import RoundedReduce, _shift_up, aps_shift, ring_owner
@@ -123,6 +124,7 @@ def ring_reduce_workers(reduce: RoundedReduce, rows: torch.Tensor, shapes: list[
         for i, (o, s) in enumerate(zip(offs, shapes)):
             for w in range(local):
                 t = _shift_up(own[w, o:o + s.numel()], shifts[i])
+                overflow.check("reduce", t, reduce.fmt)  # a worker's gradient beyond the format
                 own[w, o:o + s.numel()] = t if reduce.fmt is None else \
                     reduce._q(t.reshape(tuple(s) or (1,))).reshape(-1)
         pieces = _pieces(reduce.fmt, tuple(tuple(x) for x in shapes), world)  # chunk k -> [(param, a, b)]
@@ -182,7 +184,9 @@ def _add_workers(reduce, own, out, comp, pieces_k, shapes, workers, first: bool)
                 comp[a:b] = _q_chunk(reduce, _q_chunk(reduce, tot - sp, s) - y, s)
                 out[a:b] = tot
             else:
-                out[a:b] = _q_chunk(reduce, out[a:b] + t, s)
+                x = out[a:b] + t
+                overflow.check("reduce", x, reduce.fmt)  # a watching loss scaler sees the sum overflow
+                out[a:b] = _q_chunk(reduce, x, s)
         first = False
 
 
