@@ -102,6 +102,7 @@ def test_lm_resume_is_bit_exact(tmp_path, text_file):
     (["--data", "/no/such.txt"], "/no/such.txt: no such file"),
     (["--model-opt", "width=4"], "does not take ['width']"),
     (["--dataset", "CIFAR10"], "allowed: pysrc"),
+    (["--optim-momentum", "1"], "--optim-momentum is AdamW's beta1 under --optimizer adamw and must be in [0, 1)"),
 ])
 def test_lm_bad_values_exit_2_naming_them(tmp_path, capsys, extra, message):
     assert lm(*small(tmp_path, "--training-epochs", "1", *extra)) == 2

@@ -95,3 +95,21 @@ def test_outputs_that_are_files_are_refused_before_any_work(tmp_path, capsys, ta
     err = capsys.readouterr().err
     assert f"--img {str(f)!r} is a file" in err and "Traceback" not in err
     assert experiments(["report", "cifar10-table", "--results", str(table), "--doc", str(f / "x.md")]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--results", "--runs", "--doc"])
+def test_read_only_outputs_are_named_before_any_work(tmp_path, capsys, monkeypatch, flag, table):
+    """A read-only folder (simulated: the tests may run as root, who writes anywhere)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == ro else real(p, mode, **k))
+    if flag == "--doc":
+        argv = ["report", "cifar10-table", "--results", str(table), "--doc", str(ro / "R.md"),
+                "--img", str(tmp_path / "img")]
+    else:
+        other = "--runs" if flag == "--results" else "--results"
+        argv = ["run", "cifar10-table", "--data", str(tmp_path), flag, str(ro), other, str(tmp_path / "o")]
+    assert experiments(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {str(ro)!r} is not writable" in err and "Traceback" not in err

@@ -97,6 +97,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                 Path(args.img), res_dir.as_posix())
             print(f"wrote {out}")
             return 0
+        if args.action in ("run", "verify"):  # before any unpacking or training
+            writable_dir(res_dir, "--results")
+            writable_dir(runs_dir, "--runs")
         if args.action == "list" and not args.data:
             data = "DATA"  # the commands, with the folder left to fill in
         elif not args.data:
@@ -112,8 +115,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.action == "verify":
             return verify(args, prof, rows, data, res_dir, runs_dir)
-        writable_dir(res_dir, "--results")
-        writable_dir(runs_dir, "--runs")
         print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
         return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs)
     except ValueError as e:
