@@ -1,0 +1,172 @@
+"""Tensor-core accumulation: a multi-term fused adder, as NVIDIA's tensor cores compute a dot product.
+
+Published hardware studies (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA tensor
+cores", PeerJ Computer Science 7:e330, 2021, and later work on Hopper by the same group) describe
+the adder: products are exact; a group of ``terms`` products and the running accumulator are
+aligned to the largest exponent among them; each term is cut to a fixed number of bits below it;
+the terms are summed exactly and the result is cut to a fixed width. ``FusedAccumulator`` holds
+those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them.
+
+One step, for each output element, with ``c`` the running sum (float32, starting at +0):
+
+1. the ``terms`` products ``p_i = a_i b_i`` of this step, exact (K zero-padded to a multiple of
+   ``terms``); a zero product takes no part in the alignment;
+2. ``E = max(e_i, e_c)`` clamped below at ``align_emin``, where a product's exponent ``e_i`` is
+   the *sum of its operands' exponents* ``floor(log2|a_i|) + floor(log2|b_i|)`` (an operand below
+   the input format's smallest normal counts as ``operand_emin``: -6 for E4M3, -14 for E5M2) when
+   ``product_exponent="operands"``, or ``floor(log2|p_i|)`` for ``"product"``; and
+   ``e_c = floor(log2|c|)`` when ``accumulator_in_alignment`` and ``c != 0``;
+3. every term (products, and ``c`` when it is in the alignment) is cut to ``align_bits`` fraction
+   bits below ``2**E``: ``trunc(t * 2**(align_bits - E)) * 2**(E - align_bits)`` (``align_rounding
+   ="nearest"``: to nearest, ties to even, instead of toward zero); a ``c`` outside the alignment
+   is added as it is;
+4. the terms are added exactly; the step's result ``s`` is cut to ``sum_bits`` fraction bits
+   relative to its own exponent ``max(floor(log2|s|), sum_emin)`` (toward zero, or to nearest);
+   a zero result is +0. That is the new ``c``.
+
+``promote_every`` (``N_c``, DeepSeek-V3's fix, and cuBLAS's default for FP8): the chain restarts
+every ``N_c`` elements of K and each chain's result is added to a float32 sum with round to
+nearest, in order; 0 runs one chain over all of K (cuBLAS's "fast accumulation",
+``use_fast_accum=True``). ``split_k`` > 1 cuts K into that many contiguous tiles, each reduced as
+above, added in order in float32 with round to nearest. Overflow: E4M3/E5M2 products summed over
+any practical K stay far below float32's range; a sum beyond it becomes +-inf in the final float32
+adds. NaN/Inf inputs give NaN/Inf (float64 arithmetic carries them).
+
+Presets (``accumulator_from_name``), each from the measurements its docstring entry cites:
+
+* ``h100_fp8_fast``: cuBLAS FP8 (E4M3/E5M2) GEMM on H100 with fast accumulation: 32 terms, the
+  accumulator in the alignment, ``align_emin`` -132, 13 fraction bits kept below ``2**E``
+  (truncated), the result truncated to 13 fraction bits (14 significant), ``sum_emin`` -126,
+  product exponents from the operands. (Hardware measurements quoted in bfpsim issue 30; the
+  sm_90 ``mma.sync`` instruction behaves otherwise.)
+* ``h100_fp8``: the same with ``promote_every=128`` (cuBLAS's default, slow accumulation).
+* ``ada_fp8``: Ada (sm_89) FP8 ``mma.sync``: as ``h100_fp8_fast`` with 16 terms per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+__all__ = ["FusedAccumulator", "fused_matmul", "accumulator_from_name", "FUSED_PRESETS"]
+
+ROUNDINGS = ("truncate", "nearest")
+
+
+@dataclass(frozen=True)
+class FusedAccumulator:
+    """A tensor core's multi-term fused adder (see the module docstring for every field)."""
+
+    terms: int = 32
+    align_bits: int = 13
+    sum_bits: int = 13
+    accumulator_in_alignment: bool = True
+    align_rounding: str = "truncate"
+    sum_rounding: str = "truncate"
+    align_emin: int = -132
+    sum_emin: int = -126
+    product_exponent: str = "operands"
+    operand_emin: int = -6
+    promote_every: int = 0
+    split_k: int = 1
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        for f in ("terms", "align_bits", "sum_bits", "split_k"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"`{f}` must be a positive integer, got {v!r}")
+        if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) or \
+                self.promote_every < 0 or (self.promote_every and self.promote_every % self.terms):
+            raise ValueError(f"`promote_every` must be 0 (one chain) or a positive multiple of `terms` "
+                             f"{self.terms}, got {self.promote_every!r}")
+        for f in ("align_rounding", "sum_rounding"):
+            if getattr(self, f) not in ROUNDINGS:
+                raise ValueError(f"`{f}` {getattr(self, f)!r} unknown; allowed: {', '.join(ROUNDINGS)}")
+        if self.product_exponent not in ("operands", "product"):
+            raise ValueError(f"`product_exponent` {self.product_exponent!r} unknown; allowed: operands, product")
+
+
+def _cut(x: torch.Tensor, e: torch.Tensor, bits: int, rounding: str) -> torch.Tensor:
+    """``x`` to ``bits`` fraction bits below ``2**e`` (float64, exact scalings by powers of two)."""
+    scale = torch.ldexp(torch.ones_like(x), (bits - e).to(torch.int32))
+    y = x * scale
+    y = torch.trunc(y) if rounding == "truncate" else torch.round(y)  # torch.round: ties to even
+    return y / scale
+
+
+def _exponent(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2|x|) of nonzero finite float64 values (as float64; zero gives -inf)."""
+    _, e = torch.frexp(x)
+    return torch.where(x == 0, torch.full_like(x, -torch.inf), (e - 1).to(x.dtype))
+
+
+def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Tensor:
+    """One accumulation chain over all of a's K (a: (M, K), b: (K, N), float64; K a multiple of terms)."""
+    m, k = a.shape
+    n = b.shape[1]
+    ea = torch.clamp(_exponent(a), min=acc.operand_emin)
+    eb = torch.clamp(_exponent(b), min=acc.operand_emin)
+    ea = torch.where(a == 0, torch.full_like(ea, -torch.inf), ea)
+    eb = torch.where(b == 0, torch.full_like(eb, -torch.inf), eb)
+    c = torch.zeros(m, n, dtype=torch.float64, device=a.device)
+    for g in range(0, k, acc.terms):
+        p = a[:, g:g + acc.terms, None] * b[None, g:g + acc.terms, :]          # (M, T, N), exact
+        if acc.product_exponent == "operands":
+            e = ea[:, g:g + acc.terms, None] + eb[None, g:g + acc.terms, :]
+        else:
+            e = _exponent(p)
+        e = torch.where(p == 0, torch.full_like(e, -torch.inf), e)
+        top = e.amax(1)
+        if acc.accumulator_in_alignment:
+            top = torch.maximum(top, _exponent(c))
+        top = torch.clamp(top, min=acc.align_emin)
+        terms = _cut(p, top[:, None, :], acc.align_bits, acc.align_rounding).sum(1)  # exact in float64
+        cc = _cut(c, top, acc.align_bits, acc.align_rounding) if acc.accumulator_in_alignment else c
+        s = terms + cc
+        es = torch.clamp(_exponent(s), min=acc.sum_emin)
+        s = _cut(s, torch.where(s == 0, torch.zeros_like(es), es), acc.sum_bits, acc.sum_rounding)
+        c = torch.where(s == 0, torch.zeros_like(s), s)  # +0, never -0
+    return c
+
+
+def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Tensor:
+    """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
+    values) through ``acc`` (module docstring); float32 result."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
+    a64, b64 = a.double(), b.double()
+    k = a.shape[1]
+    tiles = [t for t in torch.tensor_split(torch.arange(k), acc.split_k) if len(t)] or [torch.arange(0)]
+    out32 = None
+    for tile in tiles:
+        lo, hi = (int(tile[0]), int(tile[-1]) + 1) if len(tile) else (0, 0)
+        span = acc.promote_every or max(hi - lo, 1)
+        for s in range(lo, max(hi, lo + 1), span):
+            e = min(s + span, hi)
+            width = -(-(e - s) // acc.terms) * acc.terms or acc.terms
+            pa = torch.zeros(a.shape[0], width, dtype=torch.float64, device=a.device)
+            pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
+            pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
+            part = _chain(pa, pb, acc).float()  # a chain's result is float32 (14 bits fit)
+            out32 = part if out32 is None else out32 + part  # float32 adds, round to nearest, in order
+    return out32
+
+
+FUSED_PRESETS = {
+    "h100_fp8_fast": FusedAccumulator(name="h100_fp8_fast"),
+    "h100_fp8": FusedAccumulator(promote_every=128, name="h100_fp8"),
+    "ada_fp8": FusedAccumulator(terms=16, name="ada_fp8"),
+}
+
+
+def accumulator_from_name(name: str, *, operand_emin: Optional[int] = None) -> FusedAccumulator:
+    """A named tensor-core accumulator (``FUSED_PRESETS``); ``operand_emin`` -14 for E5M2 inputs."""
+    if name not in FUSED_PRESETS:
+        raise ValueError(f"accumulator {name!r} unknown; allowed: {', '.join(FUSED_PRESETS)}")
+    acc = FUSED_PRESETS[name]
+    if operand_emin is not None:
+        from dataclasses import replace
+        acc = replace(acc, operand_emin=operand_emin)
+    return acc
