@@ -196,7 +196,7 @@ def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
     if isinstance(fmt, NVFP4):
         block = "x".join(map(str, fmt.block)) if isinstance(fmt.block, tuple) else fmt.block
         return f"nvfp4/{block}@{fmt.axis}" + ("" if fmt.rounding.value == "nearest" else "/sr") + \
-            ("" if fmt.tensor_scale else "/1lvl")
+            ("" if fmt.tensor_scale else "/1lvl") + ("" if fmt.convention == "bfpsim" else f"/{fmt.convention}")
     return repr(fmt)
 
 

@@ -27,6 +27,11 @@ rounding of steps 4 (``x / ts`` to float32, then to E2M1) is the recipe's own an
 reproduced, not avoided. The Numba CPU kernel (``bfp.kernels.nvfp4``), the Numba CUDA
 kernels (``bfp.kernels.nvfp4_cuda``) and the PyTorch reference (any device; 2-D blocks)
 compute exactly these operations.
+
+``convention="te"`` (presets ``nvfp4_te``, ``nvfp4_te_sr``) is TransformerEngine's order instead
+(``bfp.kernels.nvfp4_te``: its encode scale ``S_enc = 2688 / amax`` capped at float32's max, block
+scales ``e4m3(amax_b * (S_enc * fp32(1/6)))`` with no lower clamp, elements multiplied by a
+reciprocal); it differs from this one in the block scales of a tensor with outliers.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from typing import Any
 from .formats import Format, Rounding, block_shape, register_family
 
 E2M1_MAX, E4M3_MAX, E4M3_TINY = 6.0, 448.0, 2.0 ** -6
+CONVENTIONS = ("bfpsim", "te")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class NVFP4(Format):
     axis: int = -1
     rounding: Rounding = Rounding.NEAREST
     tensor_scale: bool = True
+    convention: str = "bfpsim"  # "te": TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
 
     def __post_init__(self):
         object.__setattr__(self, "block", block_shape(self.block, "NVFP4"))  # 2-D: 16x16 weights
@@ -62,17 +69,28 @@ class NVFP4(Format):
         object.__setattr__(self, "rounding", r)
         if not isinstance(self.tensor_scale, bool):
             raise ValueError(f"NVFP4 tensor_scale must be True or False, got {self.tensor_scale!r}")
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"NVFP4 convention {self.convention!r}: allowed {', '.join(CONVENTIONS)}")
+        if self.convention == "te" and (not self.tensor_scale or isinstance(self.block, tuple)):
+            raise ValueError("NVFP4 convention 'te' is TransformerEngine's 1-D recipe with its tensor scale: "
+                             "tensor_scale=False and 2-D blocks are not part of it")
 
     def __repr__(self) -> str:
         extra = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
         extra += "" if self.tensor_scale else ", tensor_scale=False"
+        extra += "" if self.convention == "bfpsim" else f", convention={self.convention!r}"
         block = "x".join(map(str, self.block)) if isinstance(self.block, tuple) else self.block
         return f"NVFP4(block={block}, axis={self.axis}{extra})"
 
     def to_dict(self) -> dict[str, Any]:
         block = list(self.block) if isinstance(self.block, tuple) else self.block
-        return {"kind": "nvfp4", "block": block, "axis": self.axis, "rounding": self.rounding.value,
-                "tensor_scale": self.tensor_scale}
+        d = {"kind": "nvfp4", "block": block, "axis": self.axis, "rounding": self.rounding.value,
+             "tensor_scale": self.tensor_scale}
+        if self.convention != "bfpsim":
+            d["convention"] = self.convention
+        return d
 
 
-register_family("nvfp4", NVFP4, {"nvfp4": NVFP4(), "nvfp4_sr": NVFP4(rounding=Rounding.STOCHASTIC)})
+register_family("nvfp4", NVFP4, {"nvfp4": NVFP4(), "nvfp4_sr": NVFP4(rounding=Rounding.STOCHASTIC),
+                                 "nvfp4_te": NVFP4(convention="te"),
+                                 "nvfp4_te_sr": NVFP4(rounding=Rounding.STOCHASTIC, convention="te")})

@@ -29,7 +29,7 @@ FORMAT_SPEC_KEYS = {
     "bfp": ("bfp", "group", "rounding"),
     "float": ("float", "rounding", "subnormals", "overflow", "encoding"),
     "mx": ("mx", "block", "axis", "rounding", "scale_mode"),
-    "nvfp4": ("nvfp4", "axis", "rounding", "tensor_scale"),  # {"nvfp4": 16} or {"nvfp4": [16, 16]}
+    "nvfp4": ("nvfp4", "axis", "rounding", "tensor_scale", "convention"),  # {"nvfp4": 16} or {"nvfp4": [16, 16]}
     "scaled": ("scaled", "granularity", "axis", "pow2", "rounding"),
     "name": ("name", "rounding"),
 }

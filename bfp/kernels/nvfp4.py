@@ -69,6 +69,10 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
+    if fmt.convention == "te":  # TransformerEngine's order of operations (PyTorch on every device)
+        from .nvfp4_te import quantize_te
+        xm = x32.reshape(1) if x32.dim() == 0 else x32
+        return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys).movedim(-1, axis).reshape(x32.shape)
     if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
         if axis - len(fmt.block) + 1 < 0:
             raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "

@@ -1,0 +1,63 @@
+"""NVFP4 in TransformerEngine's convention (``NVFP4(convention="te")``, presets ``nvfp4_te``,
+``nvfp4_te_sr``): the order of operations of TE's ``NVFP4QuantizerRef``
+(``transformer_engine/pytorch/custom_recipes/reference_nvfp4.py``, ``_quantize_blockwise_reference``,
+which mirrors ``core_nvfp4.cuh``), each step a float32 operation rounded to nearest even:
+
+1. ``amax``: the largest magnitude of the tensor (NaN ignored; an Inf counts: TE's amax kernel
+   sees it). ``S_enc = min(fp32(448 * 6) / amax, FLT_MAX)``: amax 0 gives FLT_MAX; an ``S_enc``
+   of 0 (an infinite amax) is replaced by 1. ``S_dec = 1 / S_enc``.
+2. per block of 16 along ``axis``: ``sb = min(amax_b * (S_enc * fp32(1/6)), FLT_MAX)``, clamped
+   to +-448, rounded to E4M3 (nearest even; *no lower clamp*: subnormal and zero block scales
+   occur, unlike bfpsim's ``nvfp4``, whose block scales are clamped up to 2^-6).
+3. each element: ``e2m1(clamp(x * min(1 / (fp32(sb) * S_dec), FLT_MAX), -6, 6))``: a multiply by a
+   reciprocal, not a division (a zero block scale gives the reciprocal FLT_MAX); E2M1 to nearest
+   even (TE's ``cast_to_fp4x2`` thresholds: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
+   3.5 -> 4, 5 -> 4) or stochastically (``nvfp4_te_sr``: bfpsim's counter-based draws, one per
+   element, as ``nvfp4_sr``; TE's kernel draws its own bits, so only the distribution matches).
+4. the value the GEMM sees: ``q * fp32(sb) * S_dec`` (float32, in that order). TE's reference GEMM
+   applies the decode factors of both operands at once, ``alpha = amax_x * amax_w / (6^2 448^2)``;
+   one operand at a time, ``S_dec`` is that factor's share (they can differ in float32's last bit).
+
+NaN stays NaN (TE's byte packing has no NaN code and stores it as +0; a simulator keeps it
+visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The same PyTorch
+operations run on every device (no Numba kernel).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
+from .plan import rule_for
+from .reference import quantize_bits, tile_max
+from .scalar import MAG
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def _fp32(v: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32, device=like.device)
+
+
+def encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """``S_enc`` of step 1 (a 0-dim float32 tensor)."""
+    s = torch.minimum(_fp32(E4M3_MAX * E2M1_MAX, amax) / amax, _fp32(FLT_MAX, amax))
+    return torch.where(s == 0, _fp32(1.0, amax), s)
+
+
+def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys) -> torch.Tensor:
+    """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous."""
+    from .nvfp4 import E2M1, E4M3, _bits, _float  # the shared element rule and bit views
+    mag = xm.abs()
+    real = ~torch.isnan(xm)
+    amax = torch.where(real, mag, torch.zeros_like(mag)).amax() if xm.numel() else _fp32(0.0, xm)
+    s_enc = encode_scale(amax)
+    s_dec = _fp32(1.0, xm) / s_enc
+    mult = s_enc * _fp32(1.0, xm).div(_fp32(E2M1_MAX, xm))  # S_enc * fp32(1/6)
+    m = _bits(torch.where(real, mag, torch.zeros_like(mag))) & MAG
+    vec_max = _float(tile_max(m, (1,) * (xm.dim() - 1) + (fmt.block,)))
+    sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
+    sb8 = _float(quantize_bits(_bits(sb), rule_for(E4M3), None, keys))
+    enc = torch.minimum(_fp32(1.0, xm) / (sb8 * s_dec), _fp32(FLT_MAX, xm))
+    v = torch.where(real, (xm * enc).clamp(-E2M1_MAX, E2M1_MAX), xm)
+    q = _float(quantize_bits(_bits(v), rule_for(E2M1[fmt.rounding]), None, keys)).view(xm.shape)
+    return torch.where(real, q * sb8 * s_dec, q)

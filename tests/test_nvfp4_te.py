@@ -1,0 +1,96 @@
+"""NVFP4 in TransformerEngine's convention (nvfp4_te) against a transcription, written here, of
+TE's reference (reference_nvfp4.py: _quantize_blockwise_reference, cast_to_fp4x2): torch's own
+float8_e4m3fn cast and TE's E2M1 threshold table, independent of bfpsim's element rule."""
+import pytest
+import torch
+
+import bfp
+
+FLT_MAX = torch.tensor(torch.finfo(torch.float32).max)
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def te_e2m1(x):
+    """TE's cast_to_fp4x2 then cast_from_fp4x2, as values (its thresholds, ties to even)."""
+    a = x.abs()
+    code = torch.zeros_like(x, dtype=torch.long)
+    for lo, hi, c, lo_in, hi_in in [(0.25, 0.75, 1, False, False), (0.75, 1.25, 2, True, True),
+                                    (1.25, 1.75, 3, False, False), (1.75, 2.5, 4, True, True),
+                                    (2.5, 3.5, 5, False, False), (3.5, 5.0, 6, True, True)]:
+        above = a >= lo if lo_in else a > lo
+        below = a <= hi if hi_in else a < hi
+        code[above & below] = c
+    code[a > 5.0] = 7
+    return torch.where(x < 0, -E2M1[code], E2M1[code])
+
+
+def te_reference(x):
+    """x: (m, n) float32, blocks of 16 along the rows; the dequantized values q * sb * S_dec."""
+    m, n = x.shape
+    amax = x.abs().amax()
+    s_enc = torch.min(torch.tensor(448.0 * 6.0) / amax, FLT_MAX)
+    s_enc = torch.tensor(1.0) if s_enc == 0 else s_enc
+    s_dec = torch.tensor(1.0) / s_enc
+    xb = x.view(m, n // 16, 16)
+    vec_max = xb.abs().amax(-1, keepdim=True)
+    sb = torch.min(vec_max * (s_enc * torch.reciprocal(torch.tensor(6.0))), FLT_MAX)
+    sb = sb.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
+    enc = torch.min(torch.tensor(1.0) / (sb * s_dec), FLT_MAX)
+    q = te_e2m1((xb * enc).clamp(-6.0, 6.0))
+    return (q * sb * s_dec).reshape(m, n)
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+    out = {"random": torch.randn(64, 128, generator=g)}
+    spike = torch.randn(64, 128, generator=g)
+    spike[3, 5] = 1e5  # most blocks get tiny block scales: subnormal and zero E4M3 scales occur
+    out["outlier"] = spike
+    out["zeros"] = torch.zeros(8, 32)
+    out["tiny"] = torch.randn(8, 32, generator=g) * 1e-38  # S_enc capped at FLT_MAX
+    out["huge"] = torch.randn(8, 32, generator=g) * 1e37
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4).reshape(1, 32) * torch.ones(4, 1)
+    ties[:, :16] *= -1
+    out["e2m1 ties"] = ties
+    return out
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_equals_transformer_engines_reference(name):
+    x = _cases()[name]
+    got = bfp.quantize(x, bfp.format_from_name("nvfp4_te"))
+    want = te_reference(x)
+    assert torch.equal(got, want), f"{(got != want).sum()} of {x.numel()} differ"
+
+
+def test_the_outlier_tensor_has_block_scales_below_e4m3s_normal_range_and_differs_from_nvfp4():
+    x = _cases()["outlier"]
+    blocks = x.view(64, 8, 16)
+    s_enc = 448.0 * 6.0 / 1e5
+    sb = (blocks.abs().amax(-1) * s_enc / 6).clamp(max=448).to(torch.float8_e4m3fn).float()
+    assert (sb < 2 ** -6).any()  # below E4M3's smallest normal: nvfp4 (bfpsim's) would clamp these up
+    te = bfp.quantize(x, bfp.format_from_name("nvfp4_te"))
+    ours = bfp.quantize(x, bfp.format_from_name("nvfp4"))
+    assert not torch.equal(te, ours)
+
+
+def test_along_another_axis_and_stochastic_rounding():
+    x = _cases()["random"]
+    got = bfp.quantize(x, bfp.NVFP4(axis=0, convention="te"))
+    assert torch.equal(got, te_reference(x.t().contiguous()).t())
+    fmt = bfp.format_from_name("nvfp4_te_sr")
+    draws = torch.stack([bfp.quantize(x, fmt, generator=torch.Generator().manual_seed(s)) for s in range(64)])
+    near = te_reference(x)
+    assert not torch.equal(draws[0], near)
+    assert (draws.mean(0) - x).abs().mean() < (near - x).abs().mean()  # unbiased on average
+
+
+def test_nan_stays_and_bad_settings_are_refused():
+    x = _cases()["random"].clone()
+    x[0, 0] = float("nan")
+    got = bfp.quantize(x, bfp.format_from_name("nvfp4_te"))
+    assert torch.isnan(got[0, 0]) and torch.isfinite(got.flatten()[1:]).all()
+    with pytest.raises(ValueError, match="convention 'nvidia': allowed bfpsim, te"):
+        bfp.NVFP4(convention="nvidia")
+    with pytest.raises(ValueError, match="tensor_scale=False and 2-D blocks are not part of it"):
+        bfp.NVFP4(block=(16, 16), convention="te")
