@@ -55,8 +55,9 @@ class MX(Format):
     * ``"rceil"`` (NVIDIA's MXFP8 recipe, cuBLAS block scaling):
       ``s = ceil(log2(amax / element max))``, the smallest scale at which the
       block maximum fits without saturating. Computed exactly here; torchao
-      forms ``amax * (1/max)`` in float32 first, which can differ by one binade
-      where that product rounds across a power of two.
+      (0.18) divides, ``amax / max`` in float32, then takes ``ceil(torch.log2(...))``
+      in float32, whose log2 of ``2**k * (1 + ulp)`` rounds to exactly ``k``: one
+      binade lower than the exact rule there.
 
     Blocks of zeros are left alone. NaN and ±Inf do not take part in ``amax``;
     NaN stays NaN and Inf becomes NaN (MX elements have no Inf). Unlike the OCP

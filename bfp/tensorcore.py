@@ -76,16 +76,17 @@ class FusedAccumulator:
         for f in ("terms", "align_bits", "sum_bits", "split_k"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{f}` must be a positive integer, got {v!r}")
+                raise ValueError(f"FusedAccumulator {f} must be a positive integer, got {v!r}")
         if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) or \
                 self.promote_every < 0 or (self.promote_every and self.promote_every % self.terms):
-            raise ValueError(f"`promote_every` must be 0 (one chain) or a positive multiple of `terms` "
-                             f"{self.terms}, got {self.promote_every!r}")
+            raise ValueError(f"FusedAccumulator promote_every must be 0 (one chain) or a positive multiple of "
+                             f"terms {self.terms}, got {self.promote_every!r}")
         for f in ("align_rounding", "sum_rounding"):
             if getattr(self, f) not in ROUNDINGS:
-                raise ValueError(f"`{f}` {getattr(self, f)!r} unknown; allowed: {', '.join(ROUNDINGS)}")
+                raise ValueError(f"FusedAccumulator {f} {getattr(self, f)!r} unknown; allowed: {', '.join(ROUNDINGS)}")
         if self.product_exponent not in ("operands", "product"):
-            raise ValueError(f"`product_exponent` {self.product_exponent!r} unknown; allowed: operands, product")
+            raise ValueError(f"FusedAccumulator product_exponent {self.product_exponent!r} unknown; allowed: "
+                             f"operands, product")
 
 
 def _cut(x: torch.Tensor, e: torch.Tensor, bits: int, rounding: str) -> torch.Tensor:

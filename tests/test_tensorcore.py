@@ -123,9 +123,9 @@ def test_e5m2_operands_and_the_product_exponent_reading():
 
 
 def test_bad_settings_name_the_field():
-    with pytest.raises(ValueError, match="`promote_every` must be 0 .* multiple of `terms` 32, got 100"):
+    with pytest.raises(ValueError, match="promote_every must be 0 .* multiple of terms 32, got 100"):
         FusedAccumulator(promote_every=100)
-    with pytest.raises(ValueError, match="`terms` must be a positive integer"):
+    with pytest.raises(ValueError, match="terms must be a positive integer"):
         FusedAccumulator(terms=0)
     with pytest.raises(ValueError, match="accumulator 'h200' unknown; allowed: h100_fp8_fast, h100_fp8, ada_fp8"):
         accumulator_from_name("h200")
