@@ -13,6 +13,7 @@ import torch
 
 from ..formats import Encoding, Float, Rounding
 from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
+from .nvfp4_te import quantize_te
 from .plan import MODE, rule_for
 from .reference import quantize_bits, tile_max
 from .scalar import EXP_INF, MAG
@@ -70,7 +71,6 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
     if fmt.convention == "te":  # TransformerEngine's order of operations (PyTorch on every device)
-        from .nvfp4_te import quantize_te
         xm = x32.reshape(1) if x32.dim() == 0 else x32
         return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys).movedim(-1, axis).reshape(x32.shape)
     if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
