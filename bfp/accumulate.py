@@ -56,7 +56,8 @@ from .kernels import quantize
 from .kernels.exact import nearest32, round_exact, two_sum
 from .kernels.inplace import add_quantize_, quantize_
 # The accumulator spec is a value type beside LayerPrecision; exported here too.
-from .precision import GEMMS, Accumulator, accumulator_from_dict  # noqa: F401
+from .precision import GEMMS, Accumulator, FusedAccumulator, accumulator_from_dict  # noqa: F401
+from .tensorcore import fused_matmul
 
 # Chunk partial sums are materialised in slabs of at most this many elements
 # (4 MiB of float32): one chunk at a time for large outputs, so the working set stays
@@ -68,8 +69,8 @@ _SLAB_ELEMENTS = 1 << 20
 
 def _operands(a: torch.Tensor, b: torch.Tensor, acc: Accumulator):
     """Validate, broadcast the batch dims and flatten to (B, M, K) and (B, K, N) float32."""
-    if not isinstance(acc, Accumulator):
-        raise ValueError(f"acc must be an Accumulator, got {acc!r}")
+    if not isinstance(acc, (Accumulator, FusedAccumulator)):
+        raise ValueError(f"acc must be an Accumulator or a FusedAccumulator, got {acc!r}")
     if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-2]:
         raise ValueError(f"accumulated matmul needs a (..., M, K) and b (..., K, N), got "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
@@ -205,7 +206,8 @@ def _chunk_sums(a3: torch.Tensor, b3: torch.Tensor, chunk: int, rnd: Callable,
 
 def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """``a @ b`` (broadcasting batch dims) with a blocked narrow accumulator.
+    """``a @ b`` (broadcasting batch dims) with a blocked narrow accumulator, or a tensor core's
+    fused adder for a ``FusedAccumulator`` (``bfp.tensorcore.fused_matmul``, matrix by matrix).
 
     Float32 dot products over ``acc.chunk``-element chunks of K, each rounded
     to ``acc.fmt`` and added to a running sum rounded after every chunk
@@ -213,6 +215,8 @@ def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
     ``accumulate_matmul_reference`` exactly.
     """
     a3, b3, shape, out_dtype = _operands(a, b, acc)
+    if isinstance(acc, FusedAccumulator):  # a tensor core's fused adder (bfp.tensorcore)
+        return _finish(torch.stack([fused_matmul(x, y, acc) for x, y in zip(a3, b3)]), shape, out_dtype, a)
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
     with _float32_arithmetic(a):
         if acc.per_product:  # chunk == 1, product by product: the reference's loop

@@ -34,6 +34,7 @@ kernels autograd uses.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -44,13 +45,13 @@ from torch.autograd.function import once_differentiable
 from . import hadamard
 from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input,
                          accumulate_conv2d_weight, accumulate_matmul)
-from .formats import Format, Rounding
+from .formats import Float, Format, Rounding
 from .kernels import quantize
 from .kernels import scaled as scaled_k
 from .kernels.dispatch import scaled_keys
 from .overflow import active as _overflow_active
 from .overflow import check as _check_overflow
-from .precision import LayerPrecision
+from .precision import FusedAccumulator, LayerPrecision
 from .scaled import Scaled
 
 __all__ = ["QGemmFunction", "Quantizer", "layer_quantizer", "qlinear", "qconv1d", "qconv2d", "qmatmul"]
@@ -121,14 +122,27 @@ def _rht_point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format], rht, 
     return _grad_point(q, point, hadamard.transform_rows(t, rht), fmt)
 
 
-def _acc_for(acc: Optional[Accumulator], gemm: str) -> Optional[Accumulator]:
-    return acc if acc is not None and acc.uses(gemm) else None
+def _acc_for(p: LayerPrecision, gemm: str, op) -> Optional[Accumulator]:
+    """The accumulator of ``gemm`` (None: float32). A tensor core's fused adder learns its operands'
+    smallest normal exponents from their points' formats (an FP8 subnormal operand counts as its
+    format's smallest normal exponent): ``op.ACC_OPERANDS[gemm]`` names the points of (a, b)."""
+    acc = p.accumulator
+    if acc is None or not acc.uses(gemm):
+        return None
+    if isinstance(acc, FusedAccumulator):
+        fa, fb = (getattr(p, point) for point in op.ACC_OPERANDS[gemm])
+        ea, eb = acc.emins()
+        acc = dataclasses.replace(acc, operand_emin=(fa.emin if isinstance(fa, Float) else ea,
+                                                     fb.emin if isinstance(fb, Float) else eb))
+    return acc
 
 
 # -- ops: the three GEMMs of each layer type -------------------------------------------
 
 class _LinearOp:
     """``y = x W^T + b`` on inputs (..., C): the GEMMs run on (rows, C) matrices."""
+
+    ACC_OPERANDS = {"forward": ("fi", "fw"), "input_grad": ("bio", "biw"), "weight_grad": ("bwo", "bwi")}
 
     def forward(self, x, w, b, acc, gen):
         if acc is None:
@@ -158,6 +172,9 @@ class _LinearOp:
 
 class _ConvOp:
     """Conv1d/Conv2d with int padding; backward through the ATen kernel autograd uses."""
+
+    # lowered to matmuls of (weights, input columns), (flipped weights, gradient columns), (g, x columns)
+    ACC_OPERANDS = {"forward": ("fw", "fi"), "input_grad": ("biw", "bio"), "weight_grad": ("bwo", "bwi")}
 
     def __init__(self, dims: int, stride, padding, dilation, groups: int):
         self.dims, self.groups = dims, groups
@@ -207,6 +224,8 @@ class _ConvOp:
 class _MatmulOp:
     """``a @ b`` with broadcast batch dims: ``a`` plays the input, ``b`` the weight."""
 
+    ACC_OPERANDS = {"forward": ("fi", "fw"), "input_grad": ("bio", "biw"), "weight_grad": ("bwi", "bwo")}
+
     def forward(self, a, b, bias, acc, gen):
         return torch.matmul(a, b) if acc is None else accumulate_matmul(a, b, acc, generator=gen)
 
@@ -244,7 +263,7 @@ class QGemmFunction(torch.autograd.Function):
         p = precision
         q = quantizer if quantizer is not None else _plain_quantizer(generator)
         xq, wq = _point(q, "fi", x, p.fi), _point(q, "fw", w, p.fw)
-        y = op.forward(xq, wq, b, _acc_for(p.accumulator, "forward"), generator)
+        y = op.forward(xq, wq, b, _acc_for(p, "forward", op), generator)
         y = _point(q, "fo", y, p.fo)
         if p.backward_source == "quantized":
             ctx.reused = (False, False)
@@ -272,7 +291,7 @@ class QGemmFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             w_biw = w if ctx.reused[1] else _point(q, "biw", w, p.biw)
             gx = op.grad_input(_grad_point(q, "bio", g, p.bio), w_biw.to(g.dtype), x,
-                               _acc_for(p.accumulator, "input_grad"), gen)
+                               _acc_for(p, "input_grad", op), gen)
             gx = _grad_point(q, "big", gx, p.big)
         if ctx.needs_input_grad[1]:
             gr, xr = g, x
@@ -288,7 +307,7 @@ class QGemmFunction(torch.autograd.Function):
             else:
                 x_bwi = xr if ctx.reused[0] else _point(q, "bwi", xr, p.bwi)
                 g_bwo = _grad_point(q, "bwo", gr, p.bwo)
-            gw = op.grad_weight(g_bwo, x_bwi.to(g.dtype), w, _acc_for(p.accumulator, "weight_grad"), gen)
+            gw = op.grad_weight(g_bwo, x_bwi.to(g.dtype), w, _acc_for(p, "weight_grad", op), gen)
             gw = _grad_point(q, "bwg", gw, p.bwg)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = op.grad_bias(g, x, w)

@@ -20,8 +20,8 @@ it describes.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 from .formats import Float, Format, format_from_dict
 from .kernels.exact import check_exact
@@ -32,6 +32,19 @@ LINKED_PAIRS = (("fw", "fi"), ("bio", "biw"), ("bwo", "bwi"))
 BACKWARD_SOURCES = ("full", "quantized")
 # The GEMMs of a layer that an Accumulator can serve.
 GEMMS = ("forward", "input_grad", "weight_grad")
+
+
+def _check_gemms(value: Any, what: str) -> tuple[str, ...]:
+    """``value`` as a tuple of GEMM names in ``GEMMS`` order; ValueError naming ``what`` otherwise."""
+    gemms = (value,) if isinstance(value, str) else value
+    try:
+        gemms = tuple(gemms)
+    except TypeError:
+        raise ValueError(f"{what} gemms must be a sequence of names, got {value!r}") from None
+    bad = [g for g in gemms if g not in GEMMS]
+    if bad or not gemms:
+        raise ValueError(f"{what} gemms {list(gemms)!r} invalid; allowed: a non-empty subset of {', '.join(GEMMS)}")
+    return tuple(g for g in GEMMS if g in gemms)
 
 
 @dataclass(frozen=True)
@@ -85,16 +98,7 @@ class Accumulator:
             raise ValueError(f"Accumulator chunk must be a positive integer, got {self.chunk!r}")
         if not isinstance(self.kahan, bool):
             raise ValueError(f"Accumulator kahan must be True or False, got {self.kahan!r}")
-        gemms = (self.gemms,) if isinstance(self.gemms, str) else self.gemms
-        try:
-            gemms = tuple(gemms)
-        except TypeError:
-            raise ValueError(f"Accumulator gemms must be a sequence of names, got {self.gemms!r}") from None
-        bad = [g for g in gemms if g not in GEMMS]
-        if bad or not gemms:
-            raise ValueError(f"Accumulator gemms {list(gemms)!r} invalid; allowed: a non-empty subset "
-                             f"of {', '.join(GEMMS)}")
-        object.__setattr__(self, "gemms", tuple(g for g in GEMMS if g in gemms))
+        object.__setattr__(self, "gemms", _check_gemms(self.gemms, "Accumulator"))
         self._check_products()
 
     def _check_products(self):
@@ -145,8 +149,95 @@ class Accumulator:
         return d
 
 
-def accumulator_from_dict(d: dict[str, Any]) -> Accumulator:
-    """Inverse of ``Accumulator.to_dict``; unknown keys are rejected by name."""
+@dataclass(frozen=True)
+class FusedAccumulator:
+    """A tensor core's multi-term fused adder: ``terms`` exact products and the running sum aligned
+    to the largest exponent, cut to ``align_bits`` below it, summed exactly, the result cut to
+    ``sum_bits``; every field and the arithmetic are in ``bfp.tensorcore``'s docstring, which
+    computes it (``fused_matmul``) and names the hardware presets."""
+
+ROUNDINGS = ("truncate", "nearest")
+
+
+@dataclass(frozen=True)
+class FusedAccumulator:
+    """A tensor core's multi-term fused adder (see the module docstring for every field)."""
+
+    terms: int = 32
+    align_bits: int = 13
+    sum_bits: int = 13
+    accumulator_in_alignment: bool = True
+    align_rounding: str = "truncate"
+    sum_rounding: str = "truncate"
+    align_emin: int = -132
+    sum_emin: int = -126
+    product_exponent: str = "operands"
+    operand_emin: Any = -6  # an int, (a, b) per operand, or None: each operand point's format's
+    promote_every: int = 0
+    split_k: int = 1
+    gemms: tuple[str, ...] = GEMMS
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        for f in ("terms", "align_bits", "sum_bits", "split_k"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"FusedAccumulator {f} must be a positive integer, got {v!r}")
+        if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) or \
+                self.promote_every < 0 or (self.promote_every and self.promote_every % self.terms):
+            raise ValueError(f"FusedAccumulator promote_every must be 0 (one chain) or a positive multiple of "
+                             f"terms {self.terms}, got {self.promote_every!r}")
+        for f in ("align_rounding", "sum_rounding"):
+            if getattr(self, f) not in ROUNDINGS:
+                raise ValueError(f"FusedAccumulator {f} {getattr(self, f)!r} unknown; allowed: {', '.join(ROUNDINGS)}")
+        emins = self.operand_emin if isinstance(self.operand_emin, tuple) else (self.operand_emin,)
+        if self.operand_emin is not None and not all(isinstance(e, int) and not isinstance(e, bool)
+                                                     for e in emins):
+            raise ValueError(f"FusedAccumulator operand_emin must be an integer, a pair (a, b) of them, or None "
+                             f"(each operand's format's), got {self.operand_emin!r}")
+        object.__setattr__(self, "gemms", _check_gemms(self.gemms, "FusedAccumulator"))
+        if self.product_exponent not in ("operands", "product"):
+            raise ValueError(f"FusedAccumulator product_exponent {self.product_exponent!r} unknown; allowed: "
+                             f"operands, product")
+
+
+    def uses(self, gemm: str) -> bool:
+        return gemm in self.gemms
+
+    def emins(self) -> tuple[int, int]:
+        """(a's, b's) smallest normal exponent of the operands (-126 where unknown)."""
+        e = -126 if self.operand_emin is None else self.operand_emin
+        return e if isinstance(e, tuple) else (e, e)
+
+    def __repr__(self) -> str:
+        if self.name:
+            return f"FusedAccumulator({self.name!r})"
+        return (f"FusedAccumulator(terms={self.terms}, align_bits={self.align_bits}, sum_bits={self.sum_bits}, "
+                f"promote_every={self.promote_every})")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["gemms"] = list(self.gemms)
+        if isinstance(self.operand_emin, tuple):
+            d["operand_emin"] = list(self.operand_emin)
+        return {"kind": "tensorcore", **d}
+
+
+def accumulator_from_dict(d: dict[str, Any]) -> Union[Accumulator, "FusedAccumulator"]:
+    """Inverse of ``Accumulator.to_dict`` (and ``FusedAccumulator.to_dict``, ``"kind": "tensorcore"``);
+    unknown keys are rejected by name."""
+    if isinstance(d, dict) and d.get("kind") == "tensorcore":
+        names = {f.name for f in dataclasses.fields(FusedAccumulator)}
+        unknown = set(d) - names - {"kind"}
+        if unknown:
+            raise ValueError(f"unknown tensor-core accumulator keys {sorted(unknown)}; allowed: "
+                             f"{', '.join(sorted(names))}")
+        kw = {k: v for k, v in d.items() if k != "kind"}
+        if isinstance(kw.get("operand_emin"), list):
+            kw["operand_emin"] = tuple(kw["operand_emin"])
+        if "gemms" in kw:
+            kw["gemms"] = tuple(kw["gemms"])
+        return FusedAccumulator(**kw)
     if not isinstance(d, dict) or "fmt" not in d:
         raise ValueError(f"an accumulator dict needs a 'fmt' key, got {d!r}")
     allowed = ("fmt", "chunk", "kahan", "gemms", "mul", "fma", "exact")
@@ -201,8 +292,8 @@ class LayerPrecision:
             f = getattr(self, p)
             if f is not None and not isinstance(f, Format):
                 raise ValueError(f"point {p!r} needs a Format or None, got {f!r}")
-        if self.accumulator is not None and not isinstance(self.accumulator, Accumulator):
-            raise ValueError(f"accumulator must be a bfp.accumulate.Accumulator or None, "
+        if self.accumulator is not None and not isinstance(self.accumulator, (Accumulator, FusedAccumulator)):
+            raise ValueError(f"accumulator must be a bfp.accumulate.Accumulator, a FusedAccumulator or None, "
                              f"got {self.accumulator!r}")
         if self.rht is not None and not isinstance(self.rht, Hadamard):
             raise ValueError(f"rht must be a Hadamard or None, got {self.rht!r}")

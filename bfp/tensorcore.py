@@ -44,50 +44,14 @@ Presets (``accumulator_from_name``), each from the measurements its docstring en
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
+from .precision import FusedAccumulator
+
 __all__ = ["FusedAccumulator", "fused_matmul", "accumulator_from_name", "FUSED_PRESETS"]
-
-ROUNDINGS = ("truncate", "nearest")
-
-
-@dataclass(frozen=True)
-class FusedAccumulator:
-    """A tensor core's multi-term fused adder (see the module docstring for every field)."""
-
-    terms: int = 32
-    align_bits: int = 13
-    sum_bits: int = 13
-    accumulator_in_alignment: bool = True
-    align_rounding: str = "truncate"
-    sum_rounding: str = "truncate"
-    align_emin: int = -132
-    sum_emin: int = -126
-    product_exponent: str = "operands"
-    operand_emin: int = -6
-    promote_every: int = 0
-    split_k: int = 1
-    name: str = field(default="", compare=False)
-
-    def __post_init__(self):
-        for f in ("terms", "align_bits", "sum_bits", "split_k"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"FusedAccumulator {f} must be a positive integer, got {v!r}")
-        if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) or \
-                self.promote_every < 0 or (self.promote_every and self.promote_every % self.terms):
-            raise ValueError(f"FusedAccumulator promote_every must be 0 (one chain) or a positive multiple of "
-                             f"terms {self.terms}, got {self.promote_every!r}")
-        for f in ("align_rounding", "sum_rounding"):
-            if getattr(self, f) not in ROUNDINGS:
-                raise ValueError(f"FusedAccumulator {f} {getattr(self, f)!r} unknown; allowed: {', '.join(ROUNDINGS)}")
-        if self.product_exponent not in ("operands", "product"):
-            raise ValueError(f"FusedAccumulator product_exponent {self.product_exponent!r} unknown; allowed: "
-                             f"operands, product")
-
 
 def _cut(x: torch.Tensor, e: torch.Tensor, bits: int, rounding: str) -> torch.Tensor:
     """``x`` to ``bits`` fraction bits below ``2**e`` (float64, exact scalings by powers of two)."""
@@ -107,8 +71,9 @@ def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Ten
     """One accumulation chain over all of a's K (a: (M, K), b: (K, N), float64; K a multiple of terms)."""
     m, k = a.shape
     n = b.shape[1]
-    ea = torch.clamp(_exponent(a), min=acc.operand_emin)
-    eb = torch.clamp(_exponent(b), min=acc.operand_emin)
+    emin_a, emin_b = acc.emins()
+    ea = torch.clamp(_exponent(a), min=emin_a)
+    eb = torch.clamp(_exponent(b), min=emin_b)
     ea = torch.where(a == 0, torch.full_like(ea, -torch.inf), ea)
     eb = torch.where(b == 0, torch.full_like(eb, -torch.inf), eb)
     c = torch.zeros(m, n, dtype=torch.float64, device=a.device)
@@ -132,7 +97,7 @@ def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Ten
     return c
 
 
-def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Tensor:
+def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator") -> torch.Tensor:
     """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
     values) through ``acc`` (module docstring); float32 result."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
@@ -150,7 +115,9 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> tor
             pa = torch.zeros(a.shape[0], width, dtype=torch.float64, device=a.device)
             pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
             pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
-            part = _chain(pa, pb, acc).float()  # a chain's result is float32 (14 bits fit)
+            rows = max(1, (1 << 22) // (acc.terms * max(b.shape[1], 1)))  # (rows, terms, N) float64 slabs
+            part = torch.cat([_chain(pa[r:r + rows], pb, acc) for r in range(0, pa.shape[0], rows)]
+                             or [pa.new_zeros(0, b.shape[1])]).float()  # a chain's result fits float32
             out32 = part if out32 is None else out32 + part  # float32 adds, round to nearest, in order
     return out32
 
@@ -168,6 +135,5 @@ def accumulator_from_name(name: str, *, operand_emin: Optional[int] = None) -> F
         raise ValueError(f"accumulator {name!r} unknown; allowed: {', '.join(FUSED_PRESETS)}")
     acc = FUSED_PRESETS[name]
     if operand_emin is not None:
-        from dataclasses import replace
         acc = replace(acc, operand_emin=operand_emin)
     return acc

@@ -129,3 +129,41 @@ def test_bad_settings_name_the_field():
         FusedAccumulator(terms=0)
     with pytest.raises(ValueError, match="accumulator 'h200' unknown; allowed: h100_fp8_fast, h100_fp8, ada_fp8"):
         accumulator_from_name("h200")
+
+
+def test_a_layer_accumulates_every_gemm_through_the_tensor_core_with_its_operands_formats():
+    import torch.nn as nn
+    from bfp.conversion import convert
+    torch.manual_seed(0)
+    model = convert(nn.Sequential(nn.Linear(8, 8), nn.Linear(64, 16), nn.Linear(16, 4)), "any_fp8_h100")
+    layer = model[1]
+    acc = layer.precision.accumulator
+    assert acc == accumulator_from_name("h100_fp8_fast")
+    x = torch.randn(5, 64, requires_grad=True)
+    y = layer(x)
+    xq, wq = bfp.quantize(x.detach(), E4M3), bfp.quantize(layer.weight.detach(), E4M3)
+    want = fused_matmul(xq, wq.t(), replace(acc, operand_emin=(-6, -6))) + layer.bias
+    assert torch.equal(y, want)
+    g = torch.randn(5, 16)
+    y.backward(g)
+    gq = bfp.quantize(g, E5M2)  # the input gradient: e5m2 gradients (emin -14) times e4m3 weights (-6)
+    assert torch.equal(x.grad, fused_matmul(gq, wq, replace(acc, operand_emin=(-14, -6))))
+    assert torch.equal(layer.weight.grad, fused_matmul(gq.t(), xq, replace(acc, operand_emin=(-14, -6))))
+
+
+def test_the_promoted_preset_and_a_conv_train():
+    import torch.nn as nn
+    from bfp.conversion import convert
+    torch.manual_seed(0)
+    model = convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 8, 3), nn.Flatten(), nn.Linear(8 * 4 * 4, 3)),
+                    "any_fp8_h100_promoted")
+    assert model[1].precision.accumulator == accumulator_from_name("h100_fp8")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(2, 3, 8, 8)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    from bfp.precision import accumulator_from_dict
+    assert accumulator_from_dict(model[1].precision.accumulator.to_dict()) == accumulator_from_name("h100_fp8")

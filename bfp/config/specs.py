@@ -18,6 +18,7 @@ from ..nvfp4 import NVFP4
 from ..scaled import Scaled
 from ..precision import (BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict,
                          hadamard_from_dict)
+from ..tensorcore import FUSED_PRESETS, accumulator_from_name
 from .errors import ConfigError, _fail, _unknown_keys
 
 # The six GEMM operands (``"operands"`` in the rule form sets all of them).
@@ -168,15 +169,33 @@ def parse_precision(value: Any, inherited: Optional[Mapping[str, Any]] = None, s
         raise _fail(source, where, str(e)) from None
 
 
+def _tensorcore(value: Any, source: str, where: str):
+    """A tensor core's fused adder: a preset name (``"h100_fp8"``), ``{"tensorcore": NAME, <fields to
+    override, e.g. "gemms">}``, or a full ``FusedAccumulator.to_dict``."""
+    try:
+        if isinstance(value, str):
+            return accumulator_from_name(value)
+        if "tensorcore" in value:
+            base = accumulator_from_name(value["tensorcore"]).to_dict()
+            return accumulator_from_dict({**base, **{k: v for k, v in value.items() if k != "tensorcore"}})
+        return accumulator_from_dict(value)
+    except (ValueError, TypeError) as e:
+        raise _fail(source, where, str(e)) from None
+
+
 def parse_accumulator(value: Any, source: str = "<dict>", where: str = "") -> Optional[Accumulator]:
     """``{"fmt": <format name or spec>, "chunk": 32, "kahan": false, "gemms": [...], "mul": <format>,
-    "fma": false, "exact": false}`` (the last three optional) or null."""
+    "fma": false, "exact": false}`` (the last three optional), a tensor core's adder (a preset name
+    such as ``"h100_fp8_fast"``, or ``{"tensorcore": NAME, ...overrides}``; ``bfp.tensorcore``), or null."""
     if value is None:
         return None
+    if isinstance(value, str) or (isinstance(value, dict) and ("tensorcore" in value or value.get("kind") == "tensorcore")):
+        return _tensorcore(value, source, where)
     if not isinstance(value, dict) or "fmt" not in value:
         raise _fail(source, where, f"{value!r} invalid; allowed: null or {{\"fmt\": format, \"chunk\": int, "
                                    "\"kahan\": bool, \"gemms\": [\"forward\", \"input_grad\", \"weight_grad\"], "
-                                   "\"mul\": format, \"fma\": bool, \"exact\": bool}")
+                                   "\"mul\": format, \"fma\": bool, \"exact\": bool}, or a tensor-core preset "
+                                   f"name ({', '.join(FUSED_PRESETS)})")
     formats = {k: parse_format(value[k], None, source, f"{where}.{k}").to_dict()
                for k in ("fmt", "mul") if value.get(k) is not None}
     try:
