@@ -189,7 +189,8 @@ def parse_accumulator(value: Any, source: str = "<dict>", where: str = "") -> Op
     such as ``"h100_fp8_fast"``, or ``{"tensorcore": NAME, ...overrides}``; ``bfp.tensorcore``), or null."""
     if value is None:
         return None
-    if isinstance(value, str) or (isinstance(value, dict) and ("tensorcore" in value or value.get("kind") == "tensorcore")):
+    if value in FUSED_PRESETS if isinstance(value, str) else \
+            isinstance(value, dict) and ("tensorcore" in value or value.get("kind") == "tensorcore"):
         return _tensorcore(value, source, where)
     if not isinstance(value, dict) or "fmt" not in value:
         raise _fail(source, where, f"{value!r} invalid; allowed: null or {{\"fmt\": format, \"chunk\": int, "
