@@ -184,8 +184,10 @@ def test_verdicts_follow_the_numbers_with_a_one_point_tolerance():
     assert v == "partly reproduced" and "recovers with it: no)" in text and "with (yes)" in text
     assert report.claims({})["seed002"][0] == "not run yet"
     assert report.claims({"fp32": _doc(80.0), "bf16": _doc(80.0)})["seed002"][0] == "partly run"
-    lines = report.table_lines({"fp32": _doc(80.0), "fb16": _doc(78.5, train_time_s=25.0)}, matrix.ROWS)
-    assert "| `fb16` | BFP 8-bit, groups of 12 (FB16) | 78.50% | 78.50% | -1.50 | 2.50x |  |" in lines
+    lines = report.table_lines({"fp32": _doc(80.0, citable=True), "fb16": _doc(78.5, train_time_s=25.0)},
+                               matrix.ROWS)
+    assert "| `fb16` † | BFP 8-bit, groups of 12 (FB16) | 78.50% | 78.50% | -1.50 | 2.50x |  |" in lines
+    assert "| `fp32` |" in " ".join(lines) and any(x.startswith("†: not citable") for x in lines)
 
 
 def test_decoded_images_are_cached_once_and_equal_a_fresh_decode(cifar_dir, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ that cannot be written are refused before any work."""
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_bad_result_is_not_taken_as_a_done_row(table, tmp_path):
     (table / "fp32.json").write_text('{"row": "fp32"')
     with pytest.raises(results.ResultError, match="fp32.json: not JSON"):
         runner.run("cifar10-table", [r for r in matrix.table("cifar10-table") if r.name == "fp32"], None, "DATA",
-                   table, tmp_path / "runs")
+                   table, tmp_path / "runs", allow_dirty=True)
 
 
 def test_a_torn_invocation_log_keeps_the_entries_before_it(tmp_path):
@@ -113,3 +114,58 @@ def test_read_only_outputs_are_named_before_any_work(tmp_path, capsys, monkeypat
     assert experiments(argv) == 2
     err = capsys.readouterr().err
     assert f"{flag} {str(ro)!r} is not writable" in err and "Traceback" not in err
+
+
+def test_a_full_table_is_refused_from_a_dirty_tree_and_a_second_runner_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "dirty_paths", lambda repo=None: ["bfp/formats.py"])
+    full = matrix.profile("full")
+    rows = [r for r in matrix.table("cifar10-table") if r.name == "fp32"]
+    with pytest.raises(ValueError, match=r"uncommitted changes \(bfp/formats.py\): results must come from a clean commit"):
+        runner.run("cifar10-table", rows, full, "DATA", tmp_path / "res", tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()  # refused before anything
+    monkeypatch.setattr(runner, "dirty_paths", lambda repo=None: [])
+    with runner.table_lock(tmp_path / "runs"):
+        with pytest.raises(ValueError, match=f"another runner is working on .*runs \\(pid {os.getpid()}\\)"):
+            with runner.table_lock(tmp_path / "runs"):
+                pass
+    with runner.table_lock(tmp_path / "runs"):  # released: the next runner gets it
+        pass
+
+
+def test_citable_only_when_every_invocation_ran_from_one_clean_commit():
+    from types import SimpleNamespace
+    row, prof = SimpleNamespace(name="r", claim="c", words="w"), SimpleNamespace(name="full", about="a", threads=2)
+
+    def doc(commits):
+        return results.collect(Path("/nonexistent"), table="t", row=row, profile=prof, command=["cifar.py"],
+                               invocations=[{"git_commit": c} for c in commits])
+    assert doc(["abc"])["citable"] and not doc(["abc+dirty"])["citable"]
+    assert not doc(["abc", "def"])["citable"] and not doc([])["citable"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_runners_child_dies_with_it(tmp_path):
+    """The runner starts cifar.py with ``_die_with_parent``: a SIGKILL of the runner ends its child
+    too, so no orphan keeps writing the run directory a rerun will resume."""
+    import signal
+    import subprocess
+    import time
+    code = ("import subprocess, sys, time; from bfp.experiments import runner; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "preexec_fn=runner._die_with_parent); print(p.pid, flush=True); time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":  # reaped later by init: dead already
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the child outlived its killed runner")

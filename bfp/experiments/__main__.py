@@ -78,6 +78,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--results", default=None, help="result folder (default results/<table>; quick: under runs/)")
     p.add_argument("--runs", default=None, help="run directories (default runs/<table>-<profile>)")
     p.add_argument("--doc", default="docs/RESULTS.md", help="report: the Markdown file to write")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="run: record rows from a source tree with uncommitted changes (marked not citable)")
     p.add_argument("--img", default="docs/img", help="report: the folder for the PNG curves")
     args = p.parse_args(argv)
     try:
@@ -116,7 +118,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.action == "verify":
             return verify(args, prof, rows, data, res_dir, runs_dir)
         print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
-        return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs)
+        return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs, allow_dirty=args.allow_dirty)
     except ValueError as e:
         print(f"python -m bfp.experiments: error: {e}", file=sys.stderr)
         return 2

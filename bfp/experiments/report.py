@@ -47,8 +47,12 @@ def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...]) -> list[str]
             continue
         delta = d["final_top1"] - ref["final_top1"] if ref else None
         ratio = d["train_time_s"] / ref["train_time_s"] if ref and ref["train_time_s"] else None
-        lines.append(f"| `{r.name}` | {r.words} | {d['final_top1']:.2f}% | {d['best_top1']:.2f}% | "
+        mark = "" if d.get("citable") else " †"  # not from one clean commit
+        lines.append(f"| `{r.name}`{mark} | {r.words} | {d['final_top1']:.2f}% | {d['best_top1']:.2f}% | "
                      f"{_fmt(delta, '+.2f')} | {_fmt(ratio, '.2f', 'x')} | {_notes(d)} |")
+    if any(not d.get("citable") for d in res.values()):
+        lines += ["", "†: not citable: run from a source tree with uncommitted changes, or over several commits "
+                      "(rerun it from one clean commit: `python -m bfp.experiments run` refuses a dirty tree)."]
     return lines
 
 

@@ -95,7 +95,11 @@ def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invo
         "table": table, "row": row.name, "claim": row.claim, "words": row.words,
         "profile": profile.name, "setup": profile.about,
         "command": command, "resumed": len(invocations) > 1, "invocations": invocations,
-        "git_commit": invocations[0].get("git_commit") if invocations else None, "versions": versions(), "machine": machine(),
+        "git_commit": invocations[0].get("git_commit") if invocations else None,
+        # citable: every invocation ran from one clean commit
+        "citable": bool(invocations) and len({i.get("git_commit") for i in invocations}) == 1
+        and "+dirty" not in (invocations[0].get("git_commit") or "+dirty"),
+        "versions": versions(), "machine": machine(),
         "threads": profile.threads, "seed": int(_flag(command, "--seed", "0")),
         "epochs": epochs,
         "final_top1": top1[-1] if top1 else None, "best_top1": max(top1) if top1 else None,

@@ -19,8 +19,12 @@ exit status, load average), so a row's result says how often it was resumed.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +37,66 @@ from . import matrix, results
 
 REPO = Path(__file__).resolve().parents[2]
 _say = partial(print, flush=True)
+GENERATED = ("results", "docs")  # the runner's and report's own outputs: they never make the source dirty
+
+
+def dirty_paths(repo: Path = REPO) -> list[str]:
+    """Tracked files with uncommitted changes outside ``GENERATED`` ([] outside git)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                              *(f":(exclude){g}" for g in GENERATED)], cwd=repo, capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line[3:] for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def source_commit(repo: Path = REPO) -> Optional[str]:
+    """HEAD, with ``+dirty`` when ``dirty_paths`` has any (None outside git)."""
+    commit = logs.git_commit(repo)
+    if commit is None:
+        return None
+    return commit.split("+")[0] + ("+dirty" if dirty_paths(repo) else "")
+
+
+def check_clean(allow_dirty: bool, repo: Path = REPO) -> None:
+    """Results come from a clean commit: refuse uncommitted source changes unless ``allow_dirty``
+    (the rows are then recorded as not citable and the report marks them)."""
+    dirty = dirty_paths(repo)
+    if dirty and not allow_dirty:
+        raise ValueError(f"the source tree has uncommitted changes ({', '.join(dirty[:5])}"
+                         f"{', ...' if len(dirty) > 5 else ''}): results must come from a clean commit; commit "
+                         f"or stash them, or pass --allow-dirty to record rows marked not citable")
+
+
+@contextlib.contextmanager
+def table_lock(runs_dir: Path):
+    """One runner per table: an exclusive lock on ``RUNS/.lock``; ValueError when another holds it."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    f = open(runs_dir / ".lock", "a+")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            raise ValueError(f"another runner is working on {runs_dir} (pid {f.read().strip() or '?'}); wait for "
+                             f"it, or stop it first") from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield
+    finally:
+        f.close()
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the child gets SIGKILL when the runner dies, even by SIGKILL (no orphan keeps training
+    into a run directory that a rerun resumes beside it)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def script_argv(argv: list[str]) -> list[str]:
@@ -54,9 +118,10 @@ def _loadavg() -> Optional[list[float]]:
 def _invoke(argv: list[str], log: Path, say: Callable[[str], None]) -> int:
     say("  $ " + matrix.shell(argv))
     _log(log, {"argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_start": _loadavg(),
-               "git_commit": logs.git_commit(REPO)})
+               "git_commit": source_commit(REPO)})
     t = time.monotonic()
-    rc = subprocess.call(script_argv(argv), env={**os.environ, "PYTHONUNBUFFERED": "1"})  # lines as they come
+    rc = subprocess.call(script_argv(argv), env={**os.environ, "PYTHONUNBUFFERED": "1"},  # lines as they come
+                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     _log(log, {"wall_s": round(time.monotonic() - t, 2), "returncode": rc, "loadavg_end": _loadavg()})
     return rc
 
@@ -128,8 +193,16 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
 
 
 def run(table: str, rows: list[matrix.Row], prof: matrix.Profile, data: str, results_dir: Path,
-        runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say) -> int:
-    """Every row of ``rows`` (module docstring); 0 when all have results, 1 otherwise."""
+        runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say,
+        allow_dirty: bool = False) -> int:
+    """Every row of ``rows`` (module docstring); 0 when all have results, 1 otherwise. Refuses a
+    source tree with uncommitted changes (``check_clean``) and a table another runner holds."""
+    check_clean(allow_dirty or (prof is not None and prof.name != "full"))  # a quick profile is never published
+    with table_lock(runs_dir):
+        return _run(table, rows, prof, data, results_dir, runs_dir, epochs, say)
+
+
+def _run(table, rows, prof, data, results_dir, runs_dir, epochs, say) -> int:
     failed, t0 = [], time.monotonic()
     for i, row in enumerate(rows, 1):
         if (results_dir / f"{row.name}.json").is_file():
