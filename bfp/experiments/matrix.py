@@ -74,6 +74,13 @@ ROWS = (
         W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps", "--use-kahan")),
     Row("w8-e4m3-aps-lars", "seed001", "8 workers, gradients e4m3, APS + LARS",
         W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps", "--use-lars")),
+    # the order the sums are added in (bfp.distributed.orders): does it matter?
+    *(Row(f"w8-{fmt}{'-aps' if aps else ''}-{order}", "seed001",
+          f"8 workers, gradients {fmt}{', APS' if aps else ''}, {order} order",
+          W8 + ("--grad-exp", fmt[1], "--grad-man", fmt[3], "--grad-order", order)
+          + (("--use-aps",) if aps else ()) + (("--nodes", "2") if order == "nccl-tree" else ()))
+      for fmt, aps in (("e4m3", False), ("e3m0", True))
+      for order in ("gloo", "nccl-ring", "nccl-tree", "sequential")),
     Row("fp16grad", "seed002", "simulated fp16 gradients (Float(5,10) at bwo/bio/bwg/big), no loss scaling",
         ("--bfp", "any_fp16_grads", "--loss-scale", "none")),
     Row("fp16grad-ls", "seed002", "simulated fp16 gradients, dynamic loss scaling",
@@ -92,6 +99,12 @@ ROWS = (
         ("--bfp", "any_fp8_tensorwise")),
     Row("fp8-delayed", "formats", "FP8 delayed scaling (amax history of 16; e4m3 forward, e5m2 gradients)",
         ("--bfp", "any_fp8_delayed")),
+    Row("nvfp4-te", "formats", "NVFP4 in TransformerEngine's convention (block scales without a lower clamp)",
+        ("--bfp", "any_nvfp4_te")),
+    Row("fp8-h100-fast", "formats", "FP8 (e4m3/e5m2) with H100 fast accumulation in every GEMM (tensor-core model)",
+        ("--bfp", "any_fp8_h100")),
+    Row("fp8-h100-promoted", "formats", "FP8 with H100 accumulation promoted to FP32 every 128 (DeepSeek-V3's fix)",
+        ("--bfp", "any_fp8_h100_promoted")),
 )
 
 _SETUP = ("-m", "ResNet10", "--model-opt", "width=16", "-d", "CIFAR10", "--gpu-data", "True",
