@@ -79,3 +79,18 @@ def test_equals_real_gloo_bit_for_bit(tmp_path, world):
                 RoundedReduce(fmt, order="ring", average=False)(x), real)
     assert differs_from_per_parameter_ring > 0  # the older per-parameter order is not gloo's
     assert torch.isinf(got[("spike97", str(torch.float16))]).any()  # float16 overflowed, as IEEE does
+
+
+def test_aps_shifts_each_parameter_of_a_flat_buffer_by_its_own_exponent():
+    """A bucket holds a parameter with tiny gradients beside one with large ones: in e3m0 one shift
+    for the whole buffer would flush the tiny one to zero; APS scales each tensor on its own."""
+    from bfp.distributed.hook import reduce_flat
+    g = torch.Generator().manual_seed(0)
+    tiny, big = torch.rand(4, 6, generator=g) * 1e-4 + 1e-5, torch.rand(4, 10, generator=g) * 100 + 10
+    stack = torch.cat([tiny, big], 1)
+    e3m0 = Float(3, 0)
+    red = RoundedReduce(e3m0, order="gloo", aps=True, average=False)
+    got = reduce_flat(red, stack, [torch.Size([6]), torch.Size([10])], torch.empty(16))
+    alone = RoundedReduce(e3m0, order="gloo", aps=True, average=False)
+    assert torch.equal(got[:6], alone(tiny)) and (got[:6] != 0).all()
+    assert (red(stack)[:6] == 0).all()  # one shift for the whole buffer: the tiny parameter is lost

@@ -41,13 +41,13 @@ def reduce_flat(reduce: RoundedReduce, stack: torch.Tensor, shapes: list[torch.S
                 out: torch.Tensor) -> torch.Tensor:
     """Reduce gathered flat buckets ``stack`` ([N, numel]) parameter by parameter into
     ``out`` ([numel]); the parameters lie in ``stack`` one after another with ``shapes``. A
-    library's order (``gloo``) reduces the bucket's flat buffer at once, as the library does
-    (its APS shift, if any, is then one per bucket)."""
+    library's order (``gloo``, ``nccl-*``) reduces the bucket's flat buffer at once, as the library
+    does, with APS still shifting each parameter by its own exponent (``RoundedReduce.reduce_buffer``)."""
     if reduce.order in LIBRARY_ORDERS:
         if sum(s.numel() for s in shapes) != out.numel():
             raise RuntimeError(f"bucket holds {out.numel()} gradient elements, its parameters "
                                f"{sum(s.numel() for s in shapes)}")
-        return out.copy_(reduce(stack))
+        return out.copy_(reduce.reduce_buffer(stack, [s.numel() for s in shapes]))
     off = 0
     for shape in shapes:
         n = shape.numel()

@@ -80,6 +80,7 @@ call on the gathered gradients.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -248,6 +249,34 @@ class RoundedReduce:
             pick = t[(owner + k) % n, rows]  # row r of worker (owner(r) + k) mod N
             out.append(pick.reshape(shape))
         return out
+
+    def reduce_buffer(self, stack: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """A flat buffer ([N, sum(sizes)]: parameters of ``sizes`` one after another) reduced in a
+        library's order over the whole buffer, as the library adds it; APS still shifts each
+        parameter by its own exponent (it scales a tensor before the transport, as CPD does), not the
+        buffer by one."""
+        if not self.aps:
+            return self(stack)
+        n = stack.shape[0]
+        with torch.autocast(stack.device.type, enabled=False):
+            v = stack.float()
+            if self.average and self.divide == "before":
+                v = v / n
+            elif self.average and self.divide == "cast-first":
+                v = self._q_workers(v) / n
+            shifts, parts, off = [], [], 0
+            for k in sizes:
+                s = aps_shift(v[:, off:off + k], self.fmt)
+                shifts.append(s)
+                parts.append(_shift_up(v[:, off:off + k], s))
+                off += k
+            total = dataclasses.replace(self, aps=False, average=False)(torch.cat(parts, 1))
+            out, off = [], 0
+            for k, s in zip(sizes, shifts):
+                out.append(_shift_up(total[off:off + k], -s))
+                off += k
+            out = torch.cat(out)
+            return out / n if self.average and self.divide == "after" else out
 
     def _tree_sum(self, terms: torch.Tensor) -> torch.Tensor:
         """NCCL's tree: each element summed along its channel's tree (``orders.nccl_tree``), every
