@@ -6,6 +6,9 @@ backend on float16 and bfloat16 CPU tensors; rank 0 saves every result to OUT/re
                                           fp16_compress_hook and of its twin with bfpsim's hook
                                           (gloo order, float16 transport, divide cast-first);
                                           rank 0 saves both models' parameters after each step
+    python tests/_gloo_worker.py OUT buckets  3 steps of bfpsim's DDPStep (gloo order, e4m3, small
+                                          buckets); rank 0 saves the buckets DDP handed the hook
+                                          and the parameters after each step
 """
 import os
 import sys
@@ -50,13 +53,53 @@ def ddp_steps(out: Path) -> None:
         torch.save(steps, out / "ddp.pt")
 
 
+def bucket_case(rank: int):
+    """The model, its inputs on ``rank`` (3 steps) and the reduction of the bucket test."""
+    import torch.nn as nn
+    from bfp.distributed.reduce import RoundedReduce
+    from bfp.formats import Float
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 40), nn.Tanh(), nn.Linear(40, 30), nn.Tanh(), nn.Linear(30, 5))
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randn(6, 20, generator=g), torch.randint(0, 5, (6,), generator=g)) for _ in range(3)]
+    return model, batches, RoundedReduce(Float(4, 3), order="gloo"), 0.004
+
+
+def ddp_buckets_run(out: Path) -> None:
+    from bfp.amp import MixedPrecision
+    from bfp.distributed import hook
+    from bfp.distributed.ddp import DDPStep
+    rank = dist.get_rank()
+    model, batches, reduce, cap = bucket_case(rank)
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    seen = []
+    real_hook = hook.rounded_allreduce_hook
+
+    def recording(state, bucket):
+        seen[-1].append([index[id(p)] for p in bucket.parameters()])
+        return real_hook(state, bucket)
+    hook.rounded_allreduce_hook = recording
+    import bfp.distributed.ddp as ddp_mod
+    ddp_mod.rounded_allreduce_hook = recording
+    step = DDPStep(reduce, torch.device("cpu"), bucket_cap_mb=cap)
+    wrapped = step.prepare(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    amp, after = MixedPrecision(), []
+    for x, y in batches:
+        seen.append([])
+        step(wrapped, x, y, criterion=torch.nn.functional.cross_entropy, optimizer=opt, amp=amp)
+        after.append([p.detach().clone() for p in model.parameters()])
+    if rank == 0:
+        torch.save({"buckets": seen, "params": after}, out / "buckets.pt")
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     # a file store in OUT: no port to race for with other tests
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]))
-    if sys.argv[2:] == ["ddp"]:
-        ddp_steps(out)
+    if sys.argv[2:] in (["ddp"], ["buckets"]):
+        (ddp_steps if sys.argv[2] == "ddp" else ddp_buckets_run)(out)
         dist.destroy_process_group()
         return 0
     world, rank = dist.get_world_size(), dist.get_rank()

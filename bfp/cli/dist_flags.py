@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ..distributed.env import DEFAULT_TIMEOUT_S
-from ..distributed.reduce import DIVIDE, ORDERS
+from ..distributed.reduce import DIVIDE, ORDER_ALIASES, ORDERS
 from ..optim.lars import DEFAULT_TRUST
 
 
@@ -28,12 +28,17 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
     g.add_argument("--grad-format", default=None, metavar="NAME",
                    help="gradient all-reduce format by preset name (e4m3, e5m2, bfloat16, mxfp8_e4m3, "
                         "fb16 ...), instead of --grad-exp/--grad-man")
-    g.add_argument("--grad-order", default="ring", choices=ORDERS,
-                   help="order of the rounded sums: gloo (gloo's ring over the flat bucket, 1 MiB segments: "
-                        "what ProcessGroupGloo adds, bit for bit), nccl-ring / nccl-tree (NCCL's ring and double "
-                        "binary tree, from its source: --nccl-channels, --nccl-proto, --nodes), ring (bfpsim's per-parameter ring: each "
-                        "parameter's first axis in W chunks; no library adds so for W >= 3) or sequential "
-                        "(CPD: gather, add in rank order)")
+    g.add_argument("--grad-order", default="auto", choices=("auto",) + ORDERS + tuple(ORDER_ALIASES),
+                   help="order of the rounded sums: auto (default: the order the run's backend adds in, gloo on "
+                        "CPU, nccl-ring on CUDA; param-ring for a block gradient format, whose tiles a flat cut "
+                        "would split), gloo (gloo's ring over the flat bucket, 1 MiB segments: what "
+                        "ProcessGroupGloo adds, bit for bit), nccl-ring / nccl-tree (NCCL's ring and double binary "
+                        "tree, from its source: --nccl-channels, --nccl-proto, --nodes), param-ring (bfpsim's "
+                        "per-parameter ring, formerly 'ring': each parameter's first axis in W chunks; no library "
+                        "adds so for W >= 3) or sequential (CPD: gather, add in rank order)")
+    g.add_argument("--bucket-cap-mb", type=float, default=None, metavar="MIB",
+                   help="DDP's bucket_cap_mb, for DDP and for --emulate-node's buckets (default: DDP's, 25 MiB "
+                        "with a first bucket of 1 MiB); the library orders cut each bucket's flat buffer")
     g.add_argument("--nccl-channels", type=int, default=1, metavar="C",
                    help="--grad-order nccl-ring/nccl-tree: channels the buffer is split over (NCCL_MIN/MAX_NCHANNELS)")
     g.add_argument("--nccl-proto", default="simple", choices=("simple", "ll", "ll128"),

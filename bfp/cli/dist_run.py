@@ -21,6 +21,7 @@ from typing import Any, Optional
 import torch
 
 from ..distributed import env as dist_env
+from ..distributed.buckets import bucket_limits
 from ..distributed.ddp import DDPStep
 from ..distributed.emulated import EmulatedStep
 from ..distributed.orders import NcclOptions
@@ -29,6 +30,14 @@ from ..engine.step import PlainStep
 from ..formats import Float, Format, format_from_name
 from ..optim import FACTORIES, OptimizerFactory, lars
 from .flags import UsageError
+
+
+def backend_order(fmt: Optional[Format], device: torch.device) -> str:
+    """``--grad-order auto``: the order the run's own backend adds in (gloo on CPU, NCCL's ring on
+    CUDA); ``param-ring`` for a block gradient format (a library's flat cuts would split its tiles)."""
+    if fmt is not None and not isinstance(fmt, Float):
+        return "param-ring"
+    return "nccl-ring" if device.type == "cuda" else "gloo"
 
 
 @dataclass
@@ -105,8 +114,13 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
               "(--grad-format or --grad-exp/--grad-man): it changes nothing in a float32 all-reduce",
               file=sys.stderr)
     rounded = fmt is not None or args.use_aps or args.use_kahan
+    order = backend_order(fmt, device) if args.grad_order == "auto" else args.grad_order
     try:
-        reduce = RoundedReduce(fmt, order=args.grad_order, aps=args.use_aps, kahan=args.use_kahan,
+        bucket_limits(args.bucket_cap_mb)
+    except ValueError as err:
+        raise UsageError(f"--bucket-cap-mb: {err}") from None
+    try:
+        reduce = RoundedReduce(fmt, order=order, aps=args.use_aps, kahan=args.use_kahan,
                                average=args.grad_reduce == "mean", divide=args.grad_divide,
                                nccl=NcclOptions(args.nccl_channels, args.nccl_proto, args.nodes)) \
             if rounded or args.emulate_node > 1 else None
@@ -115,9 +129,9 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
     if reduce is not None and reduce.order == "nccl-tree" and workers % args.nodes:
         raise UsageError(f"--nodes {args.nodes} does not divide the {workers} workers")
     if e.distributed and args.emulate_node == 1:
-        step: Any = DDPStep(reduce if rounded else None, device)
+        step: Any = DDPStep(reduce if rounded else None, device, bucket_cap_mb=args.bucket_cap_mb)
     elif reduce is not None:
-        step = EmulatedStep(args.emulate_node, reduce)
+        step = EmulatedStep(args.emulate_node, reduce, bucket_cap_mb=args.bucket_cap_mb)
     else:
         step = PlainStep()
     factory = functools.partial(lars, trust_coefficient=args.lars_trust) if args.use_lars else FACTORIES[args.optimizer]

@@ -26,15 +26,17 @@ from .reduce import RoundedReduce
 class DDPStep:
     """Forward, backward (DDP reduces the gradients) and the optimizer step."""
 
-    def __init__(self, reduce: Optional[RoundedReduce] = None, device: Optional[torch.device] = None):
-        self.reduce, self.device = reduce, device
+    def __init__(self, reduce: Optional[RoundedReduce] = None, device: Optional[torch.device] = None,
+                 bucket_cap_mb: Optional[float] = None):
+        self.reduce, self.device, self.bucket_cap_mb = reduce, device, bucket_cap_mb
         self._wrapped: Optional[tuple[int, DistributedDataParallel]] = None
 
     def prepare(self, model: nn.Module) -> nn.Module:
         if self._wrapped is None or self._wrapped[0] != id(model):
             dev = self.device if self.device is not None else next(model.parameters()).device
             # buffers are broadcast from rank 0 at every forward: DDP's default
-            ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None)
+            ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
+                                          bucket_cap_mb=self.bucket_cap_mb)
             if self.reduce is not None:
                 ddp.register_comm_hook(RoundedHookState(self.reduce), rounded_allreduce_hook)
             self._wrapped = (id(model), ddp)

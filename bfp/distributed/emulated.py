@@ -12,6 +12,12 @@ workers' gradients and the partial sums passing through it, never the other
 processes' gradients. The ``sequential`` order (and NVFP4/Scaled gradient
 formats) gathers every worker's gradients on every process.
 
+Buckets: a library's order (``gloo``, ``nccl-*``) adds along the flat bucket it is handed, so
+the workers' gradients are reduced in DDP's buckets (``bfp.distributed.buckets``): one bucket in
+``model.parameters()`` order at the first step, then buckets rebuilt from the order in which
+worker 0's first backward made the gradients ready (first bucket 1 MiB, then ``bucket_cap_mb``,
+25 MiB by default), as DDP rebuilds them at its second iteration.
+
 What matches a real run of ``world * n`` workers bit for bit (tested: a
 2-process gloo run against one process with ``--emulate-node 2``): the
 gradients, their reduction, the parameters and optimizer state. BatchNorm
@@ -37,6 +43,7 @@ import torch
 import torch.nn as nn
 
 from .env import broadcast_state, group_size
+from .buckets import ReadyOrder, bucket_limits, ddp_buckets
 from .hook import gather_workers, reduce_flat
 from .reduce import RoundedReduce
 from .ring import ring_capable, ring_reduce_workers
@@ -45,10 +52,14 @@ from .ring import ring_capable, ring_reduce_workers
 class EmulatedStep:
     """Train on a batch as ``n`` workers per process whose gradients go through ``reduce``."""
 
-    def __init__(self, n: int, reduce: RoundedReduce, group: Optional[Any] = None):
+    def __init__(self, n: int, reduce: RoundedReduce, group: Optional[Any] = None,
+                 bucket_cap_mb: Optional[float] = None):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"`n` (workers emulated per process) must be a positive integer, got {n!r}")
-        self.n, self.reduce, self.group = n, reduce, group
+        bucket_limits(bucket_cap_mb)  # refuses a bad cap now
+        self.n, self.reduce, self.group, self.bucket_cap_mb = n, reduce, group, bucket_cap_mb
+        self._ready: Optional[tuple[int, list[int]]] = None  # (model id, first backward's ready order)
+        self.last_buckets: list[list[int]] = []
         self._synced: Optional[int] = None
         self.bytes_sent = 0  # by the ring, over the run
         self.keep_rows, self.last_rows = False, None
@@ -72,9 +83,15 @@ class EmulatedStep:
         # one row per worker: its flat gradient, then one 0/1 "has a gradient" column per parameter
         rows = torch.zeros(self.n, total + len(params), dtype=torch.float32, device=x.device)
         losses, outs, kept = [], [], None
+        first = self._ready is None or self._ready[0] != id(model)
+        recorder = ReadyOrder(params)
         for w, (xw, yw) in enumerate(zip(x.chunk(self.n), y.chunk(self.n))):
             optimizer.zero_grad(set_to_none=True)
-            loss, out = amp.forward_backward(model, xw, yw, criterion=criterion)
+            if w == 0 and first:  # DDP rebuilds its buckets from the first backward's ready order
+                with recorder:
+                    loss, out = amp.forward_backward(model, xw, yw, criterion=criterion)
+            else:
+                loss, out = amp.forward_backward(model, xw, yw, criterion=criterion)
             if w == 0:
                 kept = [b.detach().clone() for b in model.buffers()]
             else:
@@ -103,13 +120,23 @@ class EmulatedStep:
         else:  # sequential (CPD's gather), or a format rounded on whole tensors only
             if group_size(self.group) > 1:
                 rows = gather_workers(rows, self.group)
+            # DDP's buckets: one in parameters() order at the first step, rebuilt from the second
+            self.last_buckets = ddp_buckets(params, None if first else self._ready[1], self.bucket_cap_mb)
+            offs = [0]
+            for k in sizes:
+                offs.append(offs[-1] + k)
+            flat = torch.empty(total, dtype=torch.float32, device=x.device)
             with watch:
-                flat = reduce_flat(self.reduce, rows[:, :total], shapes,
-                                   torch.empty(total, dtype=torch.float32, device=x.device))
+                for bucket in self.last_buckets:
+                    cols = torch.cat([torch.arange(offs[i], offs[i + 1], device=x.device) for i in bucket])
+                    flat[cols] = reduce_flat(self.reduce, rows[:, cols], [shapes[i] for i in bucket],
+                                             torch.empty(len(cols), dtype=torch.float32, device=x.device))
             used = rows[:, total:].amax(0) > 0
         off = 0
         for i, p in enumerate(params):
             p.grad = flat[off:off + sizes[i]].view_as(p).to(p.dtype) if used[i] else None
             off += sizes[i]
+        if first:
+            self._ready = (id(model), recorder.order)
         amp.step(optimizer)
         return torch.stack(losses).mean(), torch.cat(outs)

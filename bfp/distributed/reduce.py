@@ -42,9 +42,10 @@ to ``fmt``) and the parameter cut into 3 chunks along its first axis:
 
 * ``sequential`` (CPD: gather, then add in rank order), every element:
   ``q(q(q(a) + q(b)) + q(c))``.
-* ``ring`` (the reduce-scatter of a ring all-reduce: chunk ``k`` starts at
-  worker ``k`` and travels once round the ring, each worker adding its own
-  chunk to what it received)::
+* ``param-ring`` (formerly ``ring``, still accepted: bfpsim's own per-parameter ring, the
+  reduce-scatter of a ring all-reduce run on each parameter separately; chunk ``k`` starts at
+  worker ``k`` and travels once round the ring, each worker adding its own chunk to what it
+  received; no library cuts so, but it keeps block formats' tiles whole)::
 
       chunk 0: q(q(q(a0) + q(b0)) + q(c0))      a -> b -> c
       chunk 1: q(q(q(b1) + q(c1)) + q(a1))      b -> c -> a
@@ -95,7 +96,8 @@ from ..kernels import quantize
 from ..kernels.plan import tile_for
 from .orders import NcclOptions, channel_parts, element_bytes, gloo_chunks, nccl_ring_groups, nccl_tree
 
-ORDERS = ("ring", "sequential", "gloo", "nccl-ring", "nccl-tree")
+ORDERS = ("param-ring", "sequential", "gloo", "nccl-ring", "nccl-tree")
+ORDER_ALIASES = {"ring": "param-ring"}  # the per-parameter ring's name before the libraries' orders came
 LIBRARY_ORDERS = ("gloo", "nccl-ring", "nccl-tree")  # on the flat buffer, as the library cuts it
 DIVIDE = ("before", "after", "cast-first")
 
@@ -170,7 +172,7 @@ class RoundedReduce:
     """A rounded N-worker gradient reduction (see the module docstring)."""
 
     fmt: Optional[Format] = None
-    order: str = "ring"
+    order: str = "param-ring"
     aps: bool = False
     kahan: bool = False
     average: bool = True
@@ -178,6 +180,7 @@ class RoundedReduce:
     nccl: NcclOptions = NcclOptions()  # channels, protocol, nodes, rings of the NCCL orders
 
     def __post_init__(self):
+        object.__setattr__(self, "order", ORDER_ALIASES.get(self.order, self.order))
         if self.order not in ORDERS:
             raise ValueError(f"reduction order {self.order!r}: allowed {', '.join(ORDERS)}")
         if self.order in LIBRARY_ORDERS:

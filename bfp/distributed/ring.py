@@ -2,7 +2,7 @@
 ring of processes, then an all-gather, over ``torch.distributed`` point-to-point messages.
 
 ``ring_allreduce(reduce, buf, shapes)`` gives every rank what ``RoundedReduce`` (``order=
-"ring"``) computes from all ranks' gradients: the same bits (tested for 2, 3 and 4 gloo
+"param-ring"``) computes from all ranks' gradients: the same bits (tested for 2, 3 and 4 gloo
 processes, Float, BlockFloat and MX, APS, Kahan, both divides, shapes that do not split
 evenly). Each rank holds only its own gradient and, per step, one chunk in flight:
 
@@ -40,7 +40,7 @@ from .reduce import RoundedReduce, _shift_up, aps_shift, ring_owner
 
 def ring_capable(reduce: RoundedReduce) -> bool:
     """True when ``ring_allreduce`` can run ``reduce`` (ring order, a chunkable format)."""
-    return reduce.order == "ring" and reduce.divide in ("before", "after") and \
+    return reduce.order == "param-ring" and reduce.divide in ("before", "after") and \
         not isinstance(reduce.fmt, (NVFP4, Scaled))
 
 

@@ -13,6 +13,8 @@ docs/RESULTS.md, "Rerunning a row").
   with fewer bits;
 * seed 001 (CPD): 8 workers reducing 8-bit (e4m3) and 4-bit (e3m0)
   gradients lose accuracy without APS and recover with it; Kahan and LARS;
+  the all-reduce orders (the default is gloo's, the CPU backend's, on DDP's buckets;
+  then NCCL's ring and tree, CPD's sequential and bfpsim's per-parameter ring);
 * seeds 002-004 (mixed precision): simulated fp16 gradients without loss
   scaling underflow, dynamic loss scaling mends it, bf16 needs none;
 * and today's 8/4-bit formats (FP8 hybrid, MXFP8, MXFP4) beside them.
@@ -74,13 +76,14 @@ ROWS = (
         W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps", "--use-kahan")),
     Row("w8-e4m3-aps-lars", "seed001", "8 workers, gradients e4m3, APS + LARS",
         W8 + ("--grad-exp", "4", "--grad-man", "3", "--use-aps", "--use-lars")),
-    # the order the sums are added in (bfp.distributed.orders): does it matter?
+    # the order the sums are added in (bfp.distributed.orders): does it matter? The rows above
+    # use the default, the CPU backend's (gloo) on DDP's buckets; these the other orders
     *(Row(f"w8-{fmt}{'-aps' if aps else ''}-{order}", "seed001",
           f"8 workers, gradients {fmt}{', APS' if aps else ''}, {order} order",
           W8 + ("--grad-exp", fmt[1], "--grad-man", fmt[3], "--grad-order", order)
           + (("--use-aps",) if aps else ()) + (("--nodes", "2") if order == "nccl-tree" else ()))
       for fmt, aps in (("e4m3", False), ("e3m0", True))
-      for order in ("gloo", "nccl-ring", "nccl-tree", "sequential")),
+      for order in ("nccl-ring", "nccl-tree", "sequential", "param-ring")),
     Row("fp16grad", "seed002", "simulated fp16 gradients (Float(5,10) at bwo/bio/bwg/big), no loss scaling",
         ("--bfp", "any_fp16_grads", "--loss-scale", "none")),
     Row("fp16grad-ls", "seed002", "simulated fp16 gradients, dynamic loss scaling",
