@@ -186,7 +186,7 @@ def test_verdicts_follow_the_numbers_with_a_one_point_tolerance():
     assert report.claims({"fp32": _doc(80.0), "bf16": _doc(80.0)})["seed002"][0] == "partly run"
     lines = report.table_lines({"fp32": _doc(80.0, citable=True), "fb16": _doc(78.5, train_time_s=25.0)},
                                matrix.ROWS)
-    assert "| `fb16` † | BFP 8-bit, groups of 12 (FB16) | 78.50% | 78.50% | -1.50 | 2.50x |  |" in lines
+    assert "| `fb16` † | BFP 8-bit, groups of 12 (FB16) | 78.50% | 1 seed | 78.50% | -1.50 (fp32) | 2.50x |  |" in lines
     assert "| `fp32` |" in " ".join(lines) and any(x.startswith("†: not citable") for x in lines)
 
 

@@ -4,11 +4,15 @@
     python -m bfp.experiments list cifar10-table --data data/cifar10_jpg     # the commands, nothing run
     python -m bfp.experiments report cifar10-table                          # docs/RESULTS.md + docs/img/
     python -m bfp.experiments verify cifar10-table --row fb16 --data data/cifar10_jpg
+    python -m bfp.experiments rerun-stale cifar10-table --data data/cifar10_jpg  # rows whose sources changed
 
 ``run`` is resumable: rows with a result file are skipped, a killed row
 resumes from its checkpoint (bfp.experiments.runner). ``--profile quick`` is
 the machinery check CI runs (a few hundred images, one epoch, three rows);
-its results go under ``runs/`` so they never mix with the committed ones.
+its results go under ``runs/`` so they never mix with the committed ones,
+and so does its report. ``rerun-stale`` sets aside every result whose commit
+differs from HEAD in the library or the script (``--all``: every result not
+from HEAD) and reruns those rows from HEAD (bfp.experiments.stale).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from typing import Optional
 
 from ..data.archives import unpack
 from ..data.folders import find_image_folder
-from . import matrix, report, results, runner
+from . import matrix, report, results, runner, stale
 
 
 def data_folder(arg: str, extract_to: Path) -> str:
@@ -65,7 +69,7 @@ def _dirs(args) -> tuple[Path, Path]:
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bfp.experiments", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["run", "list", "report", "verify"])
+    p.add_argument("action", choices=["run", "list", "report", "verify", "rerun-stale"])
     p.add_argument("table", choices=list(matrix.TABLES))
     p.add_argument("--data", help="CIFAR-10 JPEG folder (train/, test/) or its .tar.gz (unpacked into "
                                   "--extract-to once)")
@@ -77,10 +81,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--epochs", type=int, default=None, help="override the profile's epoch count (tests)")
     p.add_argument("--results", default=None, help="result folder (default results/<table>; quick: under runs/)")
     p.add_argument("--runs", default=None, help="run directories (default runs/<table>-<profile>)")
-    p.add_argument("--doc", default="docs/RESULTS.md", help="report: the Markdown file to write")
+    p.add_argument("--doc", default=None, help="report: the Markdown file to write (default docs/RESULTS.md; "
+                                               "for a quick profile, beside its results under runs/)")
+    p.add_argument("--all", action="store_true",
+                   help="rerun-stale: every result not from HEAD, not only those whose sources changed")
+    p.add_argument("--dry-run", action="store_true", help="rerun-stale: say what is stale and why, run nothing")
     p.add_argument("--allow-dirty", action="store_true",
                    help="run: record rows from a source tree with uncommitted changes (marked not citable)")
-    p.add_argument("--img", default="docs/img", help="report: the folder for the PNG curves")
+    p.add_argument("--img", default=None, help="report: the folder for the PNG curves (default docs/img; "
+                                               "quick profile: beside its report)")
     args = p.parse_args(argv)
     try:
         prof, rows = matrix.profile(args.profile), matrix.table(args.table)
@@ -90,16 +99,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise ValueError(f"--epochs must be a positive integer, got {args.epochs}")
         res_dir, runs_dir = _dirs(args)
         if args.action == "report":
+            quick = prof.name != "full"
+            args.doc = args.doc or (str(runs_dir / "RESULTS.md") if quick else "docs/RESULTS.md")
+            args.img = args.img or (str(runs_dir / "img") if quick else "docs/img")
             doc = Path(args.doc)
             writable_dir(doc.parent if str(doc.parent) else Path("."), "--doc")
             if doc.exists() and not os.access(doc, os.W_OK):
                 raise ValueError(f"--doc {args.doc!r} is not writable")
             writable_dir(Path(args.img), "--img")
             out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc),
-                                Path(args.img), res_dir.as_posix())
+                                Path(args.img), res_dir.as_posix(), prof.name)
             print(f"wrote {out}")
             return 0
-        if args.action in ("run", "verify"):  # before any unpacking or training
+        if args.action == "rerun-stale" and args.dry_run:
+            return rerun_stale(args, prof, chosen, None, res_dir, runs_dir)
+        if args.action in ("run", "verify", "rerun-stale"):  # before any unpacking or training
             writable_dir(res_dir, "--results")
             writable_dir(runs_dir, "--runs")
         if args.action == "list" and not args.data:
@@ -117,11 +131,31 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.action == "verify":
             return verify(args, prof, rows, data, res_dir, runs_dir)
+        if args.action == "rerun-stale":
+            return rerun_stale(args, prof, chosen, data, res_dir, runs_dir)
         print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
         return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs, allow_dirty=args.allow_dirty)
     except ValueError as e:
         print(f"python -m bfp.experiments: error: {e}", file=sys.stderr)
         return 2
+
+
+def rerun_stale(args, prof, chosen, data: Optional[str], res_dir: Path, runs_dir: Path) -> int:
+    """Set aside the stale results (``stale.find``) of the chosen rows and rerun them from HEAD."""
+    names = {r.name for r in chosen}
+    found = {k: why for k, why in stale.find(res_dir, runner.REPO, args.all).items()
+             if k.split("-s")[0] in names or k in names}
+    for k, why in sorted(found.items()):
+        print(f"stale: {k}: {why}")
+    if not found:
+        print(f"no stale results in {res_dir}")
+    if data is None:  # --dry-run
+        return 0
+    runner.check_clean(False)  # before anything moves: the reruns must be citable
+    if found:
+        print(f"set aside in {stale.set_aside(sorted(found), res_dir, runs_dir)}")
+    print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
+    return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs)
 
 
 def verify(args, prof, rows, data, res_dir: Path, runs_dir: Path) -> int:

@@ -33,6 +33,11 @@ class Row:
     words: str           # the format in words, for the table
     flags: tuple[str, ...]
 
+    @property
+    def reference(self) -> str:
+        """The row its verdicts and deltas compare with: 8-worker FP32 for the all-reduce panel."""
+        return "w8-fp32" if self.claim == "seed001" else "fp32"
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -44,6 +49,7 @@ class Profile:
     epochs: int
     rows: Optional[tuple[str, ...]] = None   # None: every row of the table
     threads: int = 2
+    seeds: tuple[int, ...] = (0,)  # seed 0 for every row; the others for references and close rows
 
 
 CLAIMS = {
@@ -117,7 +123,8 @@ PROFILES = {
     "full": Profile(
         "full", "full CIFAR-10 (50,000 train / 10,000 test), ResNet10 width 16 (0.3M parameters), "
                 "3 epochs, batch 128, SGD lr 0.1 momentum 0.9 wd 5e-4 with cosine decay to 0 per step, "
-                "crop+flip augmentation, seed 0, 2 threads", _SETUP, epochs=3),
+                "crop+flip augmentation, seed 0 (and 1, 2 for the references and the rows near a threshold), "
+                "2 threads", _SETUP, epochs=3, seeds=(0, 1, 2)),
     "quick": Profile(
         "quick", "machinery check only (CI): 300 train / 100 test images, ResNet10 width 4, 1 epoch, "
                  "three rows; its accuracies mean nothing",
@@ -151,11 +158,29 @@ def select(rows: tuple[Row, ...], prof: Profile, wanted: Optional[list[str]] = N
     return [r for r in rows if r.name in pick]
 
 
-def command(row: Row, prof: Profile, data: str, run_dir: str, epochs: Optional[int] = None) -> list[str]:
-    """The ``cifar.py`` command line (argv, ``cifar.py`` first) of ``row`` under ``prof``."""
-    return (["cifar.py", *prof.flags, "-dp", data, "--training-epochs", str(epochs or prof.epochs),
-             "--threads", str(prof.threads), *row.flags, "--progress", "False", "--log", "True",
-             "--save", "True", "--run-dir", run_dir, "--run-name", row.name])
+def key(row: Row, seed: int = 0) -> str:
+    """The result file's and run directory's name of ``row`` with ``seed``: the row's name for
+    seed 0 (the table's first run), ``<row>-s<seed>`` for the others."""
+    return row.name if seed == 0 else f"{row.name}-s{seed}"
+
+
+def _with_seed(flags: tuple[str, ...], seed: int) -> list[str]:
+    out = list(flags)
+    if "--seed" in out[:-1]:
+        out[out.index("--seed") + 1] = str(seed)
+    else:
+        out += ["--seed", str(seed)]
+    return out
+
+
+def command(row: Row, prof: Profile, data: str, run_dir: str, epochs: Optional[int] = None,
+            seed: int = 0) -> list[str]:
+    """The ``cifar.py`` command line (argv, ``cifar.py`` first) of ``row`` under ``prof``
+    (with ``--seed seed``; the profile's flags carry seed 0)."""
+    return (["cifar.py", *(_with_seed(prof.flags, seed) if seed else prof.flags), "-dp", data,
+             "--training-epochs", str(epochs or prof.epochs), "--threads", str(prof.threads), *row.flags,
+             "--progress", "False", "--log", "True", "--save", "True", "--run-dir", run_dir,
+             "--run-name", key(row, seed)])
 
 
 def shell(argv: list[str]) -> str:

@@ -14,11 +14,7 @@ from typing import Optional
 
 from . import matrix
 
-TOL = 1.0   # points of top-1: closer than this counts as "about as well"; farther as a loss or a gain
-
-
-def _top1(res: dict, name: str) -> Optional[float]:
-    return res[name]["final_top1"] if name in res else None
+from .spread import MARGIN, TOL, below, both, near, summary, top1s, verdict, yes_no
 
 
 def _fmt(v: Optional[float], spec: str = ".2f", unit: str = "") -> str:
@@ -36,87 +32,79 @@ def _notes(doc: dict) -> str:
     return ", ".join(out)
 
 
+def _seeds_cell(values: list[float]) -> str:
+    if len(values) < 2:
+        return "1 seed"
+    m, lo, hi = summary(values)
+    return f"{m:.2f}% [{lo:.2f}, {hi:.2f}] ({len(values)} seeds)"
+
+
 def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...]) -> list[str]:
-    ref = res.get("fp32")
-    lines = ["| row | format | top-1 final | top-1 best | Δ to FP32 | time / FP32 | notes |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| row | format | top-1 final (seed 0) | seeds: mean [min, max] | top-1 best | Δ to reference "
+             "(means) | time / FP32 | notes |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    fp32 = res.get("fp32")
     for r in rows:
         d = res.get(r.name)
         if d is None:
-            lines.append(f"| `{r.name}` | {r.words} | not run yet | | | | |")
+            lines.append(f"| `{r.name}` | {r.words} | not run yet | | | | | |")
             continue
-        delta = d["final_top1"] - ref["final_top1"] if ref else None
-        ratio = d["train_time_s"] / ref["train_time_s"] if ref and ref["train_time_s"] else None
+        mine, ref = top1s(res, r.name), top1s(res, r.reference)
+        delta = summary(mine)[0] - summary(ref)[0] if ref and r.name != r.reference else None
+        ratio = d["train_time_s"] / fp32["train_time_s"] if fp32 and fp32["train_time_s"] else None
         mark = "" if d.get("citable") else " †"  # not from one clean commit
-        lines.append(f"| `{r.name}`{mark} | {r.words} | {d['final_top1']:.2f}% | {d['best_top1']:.2f}% | "
-                     f"{_fmt(delta, '+.2f')} | {_fmt(ratio, '.2f', 'x')} | {_notes(d)} |")
+        lines.append(f"| `{r.name}`{mark} | {r.words} | {d['final_top1']:.2f}% | {_seeds_cell(mine)} | "
+                     f"{d['best_top1']:.2f}% | {_fmt(delta, '+.2f')}{'' if delta is None else f' ({r.reference})'} | "
+                     f"{_fmt(ratio, '.2f', 'x')} | {_notes(d)} |")
     if any(not d.get("citable") for d in res.values()):
         lines += ["", "†: not citable: run from a source tree with uncommitted changes, or over several commits "
                       "(rerun it from one clean commit: `python -m bfp.experiments run` refuses a dirty tree)."]
     return lines
 
 
-def _near(a: Optional[float], b: Optional[float]) -> Optional[bool]:
-    """``a`` within TOL points of ``b``; None when either is missing."""
-    return None if a is None or b is None else abs(a - b) <= TOL
-
-
-def _below(a: Optional[float], b: Optional[float]) -> Optional[bool]:
-    """``a`` more than TOL points under ``b``; None when either is missing."""
-    return None if a is None or b is None else a < b - TOL
-
-
-def _both(x: Optional[bool], y: Optional[bool]) -> Optional[bool]:
-    return None if x is None or y is None else x and y
-
-
-def _verdict(checks: list[Optional[bool]]) -> str:
-    known = [c for c in checks if c is not None]
-    if not known:
-        return "not run yet"
-    if len(known) < len(checks):
-        return "partly run"
-    return "reproduced" if all(known) else ("partly reproduced" if any(known) else "not reproduced")
-
-
 def claims(res: dict[str, dict]) -> dict[str, tuple[str, str]]:
-    """Per claim: (verdict, sentences with the numbers)."""
-    t = {r.name: _top1(res, r.name) for r in matrix.ROWS}
-    p = lambda n: "n/a" if t[n] is None else f"{t[n]:.2f}%"   # noqa: E731
+    """Per claim: (verdict, sentences with the numbers); comparisons use every seed (``spread``)."""
+    t = {r.name: top1s(res, r.name) for r in matrix.ROWS}
+
+    def p(n: str) -> str:
+        m = summary(t[n])
+        if m is None:
+            return "n/a"
+        return f"{m[0]:.2f}%" + (f" [{m[1]:.2f}, {m[2]:.2f}]" if len(t[n]) > 1 else "")
     out = {}
     bits = res.get("fb16-do", {}).get("mean_bits")
-    c = [_near(t["fb24"], t["fp32"]), _near(t["fb16"], t["fp32"]), _below(t["fb12"], t["fp32"]),
-         _below(t["fb12lg16"], t["fp32"]),
-         _both(None if bits is None else bits < 8, None if None in (t["fb16-do"], t["fb12"])
-               else t["fb16-do"] > t["fb12"])]
-    out["seed000"] = (_verdict(c), (
+    c = [near(t["fb24"], t["fp32"]), near(t["fb16"], t["fp32"]), below(t["fb12"], t["fp32"]),
+         below(t["fb12lg16"], t["fp32"]),
+         both(None if bits is None else bits < 8, below(t["fb12"], t["fb16-do"], 0.0))]
+    out["seed000"] = (verdict(c), (
         f"FP32 {p('fp32')}, FB24 {p('fb24')}, FB16 {p('fb16')}: FB24/FB16 within {TOL:g} point of FP32: "
-        f"{_yn(c[0])}/{_yn(c[1])}. Narrower blocks lose more than {TOL:g} point: FB12 {p('fb12')} "
-        f"({_yn(c[2])}), FB12LG16 {p('fb12lg16')} ({_yn(c[3])}). FB16 with `--do Simple/0.6/0.8/0/1` "
+        f"{yes_no(c[0])}/{yes_no(c[1])}. Narrower blocks lose more than {TOL:g} point: FB12 {p('fb12')} "
+        f"({yes_no(c[2])}), FB12LG16 {p('fb12lg16')} ({yes_no(c[3])}). FB16 with `--do Simple/0.6/0.8/0/1` "
         f"reaches {p('fb16-do')} on {_fmt(bits)} mean bits (FB16: 8, FB12: 4); fewer bits than FB16 and "
-        f"above FB12: {_yn(c[4])}."))
-    c = [_both(_below(t[no], t["w8-fp32"]), _below(t[no], t[yes]))
+        f"above FB12: {yes_no(c[4])}."))
+    c = [both(below(t[no], t["w8-fp32"]), below(t[no], t[yes]))
          for no, yes in (("w8-e4m3", "w8-e4m3-aps"), ("w8-e3m0", "w8-e3m0-aps"))]
-    out["seed001"] = (_verdict(c), (
+    out["seed001"] = (verdict(c), (
         f"8 workers, FP32 all-reduce {p('w8-fp32')}. e4m3 gradients: {p('w8-e4m3')} without APS, "
-        f"{p('w8-e4m3-aps')} with (loses without APS and recovers with it: {_yn(c[0])}). e3m0 gradients: "
-        f"{p('w8-e3m0')} without APS, {p('w8-e3m0-aps')} with ({_yn(c[1])}). e4m3+APS with Kahan "
-        f"{p('w8-e4m3-aps-kahan')}, with LARS {p('w8-e4m3-aps-lars')}."))
+        f"{p('w8-e4m3-aps')} with (loses without APS and recovers with it: {yes_no(c[0])}). e3m0 gradients: "
+        f"{p('w8-e3m0')} without APS, {p('w8-e3m0-aps')} with ({yes_no(c[1])}). e4m3+APS with Kahan "
+        f"{p('w8-e4m3-aps-kahan')}, with LARS {p('w8-e4m3-aps-lars')}. The rows above add in gloo's order "
+        f"(the CPU backend's, on DDP's buckets); e4m3 in NCCL's ring {p('w8-e4m3-nccl-ring')}, tree "
+        f"{p('w8-e4m3-nccl-tree')}, CPD's sequential {p('w8-e4m3-sequential')}, the per-parameter ring "
+        f"{p('w8-e4m3-param-ring')}; e3m0 + APS in the same four: {p('w8-e3m0-aps-nccl-ring')}, "
+        f"{p('w8-e3m0-aps-nccl-tree')}, {p('w8-e3m0-aps-sequential')}, {p('w8-e3m0-aps-param-ring')}."))
     sk = res.get("fp16grad-ls", {}).get("skipped_steps")
-    c = [_below(t["fp16grad"], t["fp32"]), _near(t["fp16grad-ls"], t["fp32"]), _near(t["bf16"], t["fp32"])]
-    out["seed002"] = (_verdict(c), (
+    c = [below(t["fp16grad"], t["fp32"]), near(t["fp16grad-ls"], t["fp32"]), near(t["bf16"], t["fp32"])]
+    out["seed002"] = (verdict(c), (
         f"Simulated fp16 gradients without loss scaling {p('fp16grad')} against FP32 {p('fp32')} "
-        f"(degrades by more than {TOL:g} point: {_yn(c[0])}); with dynamic loss scaling "
+        f"(degrades by more than {TOL:g} point: {yes_no(c[0])}); with dynamic loss scaling "
         f"{p('fp16grad-ls')} ({'n/a' if sk is None else sk} skipped steps; about FP32: "
-        f"{_yn(c[1])}); bf16 autocast without scaling {p('bf16')} (about FP32: {_yn(c[2])})."))
+        f"{yes_no(c[1])}); bf16 autocast without scaling {p('bf16')} (about FP32: {yes_no(c[2])})."))
     out["formats"] = ("measured", (
         f"FP8 (e4m3/e5m2) {p('fp8')}, MXFP8 {p('mxfp8')} (RCEIL scale: {p('mxfp8-rceil')}), MXFP4 {p('mxfp4')}, "
-        f"NVFP4 {p('nvfp4')}, against FP32 {p('fp32')}."))
+        f"NVFP4 {p('nvfp4')} (TransformerEngine's convention: {p('nvfp4-te')}), FP8 with H100 fast accumulation "
+        f"{p('fp8-h100-fast')} and promoted every 128 {p('fp8-h100-promoted')}, against FP32 {p('fp32')}."))
     return out
-
-
-def _yn(v: Optional[bool]) -> str:
-    return "n/a" if v is None else ("yes" if v else "no")
 
 
 def plot_claim(res: dict[str, dict], rows: list[matrix.Row], title: str, out: Path) -> Optional[Path]:
@@ -147,29 +135,57 @@ def plot_claim(res: dict[str, dict], rows: list[matrix.Row], title: str, out: Pa
     return out
 
 
+def provenance(res: dict[str, dict]) -> tuple[Optional[str], str]:
+    """(the one clean commit every result comes from, or None; a sentence saying so)."""
+    commits: dict[str, int] = {}
+    for d in res.values():
+        c = d.get("git_commit") or "unknown"
+        commits[c] = commits.get(c, 0) + 1
+    if len(commits) == 1:
+        (c, n), = commits.items()
+        if "+dirty" not in c and c != "unknown" and all(d.get("citable") for d in res.values()):
+            return c, f"Every result ({n}) comes from one clean commit, `{c}`."
+    listed = ", ".join(f"`{c[:12]}{'+dirty' if '+dirty' in c else ''}` ({n})" for c, n in
+                       sorted(commits.items(), key=lambda kv: -kv[1]))
+    return None, (f"**Not one commit**: the results come from {len(commits)} source states: {listed}. Rows from "
+                  f"another commit are rerun by `python -m bfp.experiments rerun-stale`.")
+
+
 def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: Path, img: Path,
-           source: str = "") -> Path:
+           source: str = "", profile: str = "full") -> Path:
     """Write ``doc`` (Markdown) and its PNGs under ``img`` from ``res`` (the result files of
-    folder ``source``, by row name); returns ``doc``."""
+    folder ``source``, by file name); returns ``doc``. The page says at its top when the table is
+    not complete, not of the full profile, or not from one clean commit."""
     any_doc = next(iter(res.values()), None)
+    missing = [r.name for r in rows if r.name not in res]
     lines = [f"# Results: `{table}`", "",
              "Generated by `python -m bfp.experiments report " + table + "` from the result files in "
              f"`{source or 'results/' + table}/`; do not edit by hand. Every row is one `cifar.py` command (below), "
              "run by `python -m bfp.experiments run " + table + " --data DIR`.", ""]
+    if profile != "full":
+        lines += [f"> **Profile `{profile}`: a machinery check, not results.** Its accuracies mean nothing.", ""]
+    if missing:
+        lines += [f"> **Incomplete table**: {len(rows) - len(missing)} of {len(rows)} rows have results; not run "
+                  f"yet: {', '.join(missing)}. Verdicts that need those rows say so.", ""]
+    commit, said = provenance(res) if res else (None, "No results yet.")
+    lines += [said, ""]
     if any_doc:
         m, v = any_doc["machine"], any_doc["versions"]
-        commits = sorted({(d.get("git_commit") or "unknown")[:12] + ("+" if "+dirty" in (d.get("git_commit") or "")
-                                                                     else "") for d in res.values()})
         lines += ["## Setup", "", f"{any_doc['setup']}.", "",
                   f"Machine: {m.get('cpu')} ({m.get('cores')} cores), {m.get('platform')}; Python "
                   f"{m.get('python')}, torch {v.get('torch')}, numba {v.get('numba')}, numpy {v.get('numpy')}; "
-                  f"threads {any_doc['threads']}, seed {any_doc['seed']}; bfpsim commit(s) "
-                  f"{', '.join(commits)} (each row's commit when it started; `+`: with uncommitted changes). "
-                  "Times are training-epoch times on a shared 2-core machine (load averages are in each result "
-                  "file), so their ratios are rough.", ""]
+                  f"threads {any_doc['threads']}. Times are training-epoch times on a shared 2-core machine (load "
+                  "averages are in each result file), so their ratios are rough.", "",
+                  f"Seeds: every row runs seed 0; the references (FP32, 8-worker FP32) and every row whose "
+                  f"seed-0 difference to its reference lies within {MARGIN:g} points of a verdict's threshold "
+                  f"(±{TOL:g} point) also run seeds 1 and 2. A verdict compares the seeds' means and counts a "
+                  f"difference only where the seeds' ranges say so: \"within {TOL:g} point\" needs |Δ| plus "
+                  f"the two half-ranges at most {TOL:g}, \"loses more than {TOL:g}\" needs Δ plus them below "
+                  f"-{TOL:g}; otherwise the claim is \"not resolved at this scale\".", ""]
     lines += ["## Table", "", *table_lines(res, rows), "",
-              f"Δ: final top-1 minus FP32's, in points. Claims below compare final top-1 with a tolerance of "
-              f"{TOL:g} point (one seed, so differences under about a point are noise).", ""]
+              f"Δ: the mean final top-1 over the row's seeds minus its reference's (FP32; for the all-reduce "
+              f"panel 8-worker FP32), in points. Claims below compare final top-1 with a tolerance of "
+              f"{TOL:g} point, using the seeds' spread.", ""]
     verdicts = claims(res)
     lines += ["## The seeds' claims", ""]
     for key, title in matrix.CLAIMS.items():

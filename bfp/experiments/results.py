@@ -82,8 +82,8 @@ def versions() -> dict[str, Optional[str]]:
     return out
 
 
-def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invocations: list[dict]
-            ) -> dict[str, Any]:
+def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invocations: list[dict],
+            name: Optional[str] = None) -> dict[str, Any]:
     """The result document of a finished row (see the module docstring); the git commit is the
     one the row was started at (its first invocation's)."""
     metrics = read_metrics(run_dir)
@@ -92,7 +92,7 @@ def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invo
     steps = int(metrics[-1]["global_step"]) if metrics else 0
     skipped = [m.get("skipped_steps") for m in metrics]
     return {
-        "table": table, "row": row.name, "claim": row.claim, "words": row.words,
+        "table": table, "row": name or row.name, "base_row": row.name, "claim": row.claim, "words": row.words,
         "profile": profile.name, "setup": profile.about,
         "command": command, "resumed": len(invocations) > 1, "invocations": invocations,
         "git_commit": invocations[0].get("git_commit") if invocations else None,

@@ -1,6 +1,8 @@
 """Run a matrix's rows, each as its own ``cifar.py`` process, resumably.
 
-For every row, in the table's order:
+For every row, in the table's order (seed 0; then seeds 1 and 2 of the
+references and of the rows near a verdict's threshold, ``spread.needs_seeds``,
+as ``<row>-s1``, ``<row>-s2``):
 
 * ``results/<table>/<row>.json`` exists: the row is done and skipped;
 * its run directory has ``checkpoints/last.pt``: the killed run is resumed
@@ -11,7 +13,10 @@ For every row, in the table's order:
   and the row starts afresh;
 * else the row's command runs.
 
-A run that finished all its epochs is collected into the result file
+A run directory is resumed or collected only when its ``config.json`` records
+exactly the row's command (flags, epochs, data folder, seed); otherwise it is
+moved aside to ``<row>.other-command-<n>`` and the row starts afresh. A run that
+finished all its epochs is collected into the result file
 (``bfp.experiments.results``). A row that fails is reported and the next one
 runs; the exit status is then 1. Every start and end of a ``cifar.py``
 process is logged in ``RUNS/.<row>.invocations.jsonl`` (argv, wall time,
@@ -33,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..engine import logs
-from . import matrix, results
+from . import matrix, results, spread
 
 REPO = Path(__file__).resolve().parents[2]
 _say = partial(print, flush=True)
@@ -152,22 +157,54 @@ def invocations(log: Path) -> list[dict]:
     return out
 
 
-def _set_aside(run_dir: Path) -> Path:
+def _set_aside(run_dir: Path, why: str = "failed") -> Path:
     n = 1
-    while run_dir.with_name(f"{run_dir.name}.failed-{n}").exists():
+    while run_dir.with_name(f"{run_dir.name}.{why}-{n}").exists():
         n += 1
-    target = run_dir.with_name(f"{run_dir.name}.failed-{n}")
+    target = run_dir.with_name(f"{run_dir.name}.{why}-{n}")
     run_dir.rename(target)
     return target
 
 
+def started_as(run_dir: Path) -> Optional[list[str]]:
+    """The ``cifar.py`` argv (script first) a run directory was started with, from its
+    ``config.json`` (None when it has none or it cannot be read)."""
+    try:
+        cmd = json.loads((run_dir / "config.json").read_text())["command"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return cmd if isinstance(cmd, list) and all(isinstance(a, str) for a in cmd) else None
+
+
+def command_mismatch(run_dir: Path, argv: list[str]) -> Optional[str]:
+    """None when ``run_dir`` was started by ``argv`` (the script's path aside); else why not."""
+    saved = started_as(run_dir)
+    if saved is None:
+        return "it has no readable config.json"
+    if saved[1:] == argv[1:]:
+        return None
+    diff = next(i for i in range(max(len(saved) - 1, len(argv) - 1))
+                if i >= len(saved) - 1 or i >= len(argv) - 1 or saved[1 + i] != argv[1 + i])
+    return (f"it was started with {' '.join(saved[1 + diff:3 + diff]) or '(fewer flags)'!s} where this row has "
+            f"{' '.join(argv[1 + diff:3 + diff]) or '(fewer flags)'!s}")
+
+
 def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, results_dir: Path,
-            runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say) -> bool:
-    """Bring ``row`` to a result file (see the module docstring); False if its run failed."""
+            runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say,
+            seed: int = 0) -> bool:
+    """Bring ``row`` (with ``seed``) to a result file (see the module docstring); False if its run failed."""
     epochs = epochs or prof.epochs
-    argv = matrix.command(row, prof, data, str(runs_dir), epochs)
-    run_dir, log = runs_dir / row.name, runs_dir / f".{row.name}.invocations.jsonl"
+    name = matrix.key(row, seed)
+    argv = matrix.command(row, prof, data, str(runs_dir), epochs, seed)
+    run_dir, log = runs_dir / name, runs_dir / f".{name}.invocations.jsonl"
     runs_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists() and (run_dir / "checkpoints").exists() or results.read_metrics(run_dir):
+        why = command_mismatch(run_dir, argv)
+        if why is not None:  # another row's flags, epochs or data: never collected nor resumed as this row
+            say(f"  {run_dir} was not started by this row's command ({why}): moved to "
+                f"{_set_aside(run_dir, 'other-command')}")
+            if log.is_file():
+                log.rename(log.with_name(f"{log.name}.other-command"))
     if len(results.read_metrics(run_dir)) < epochs:
         if (run_dir / "checkpoints" / "last.pt").is_file():
             say(f"  resuming {run_dir} ({len(results.read_metrics(run_dir))} of {epochs} epochs done)")
@@ -178,42 +215,72 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
                     f"{_set_aside(run_dir)}")
             rc = _invoke(argv, log, say)
         if rc != 0:
-            say(f"  {row.name}: cifar.py exited with status {rc}; the row stays open (rerun to resume)")
+            say(f"  {name}: cifar.py exited with status {rc}; the row stays open (rerun to resume)")
             return False
     done = results.read_metrics(run_dir)
-    if len(done) < epochs:
-        say(f"  {row.name}: the run ended after {len(done)} of {epochs} epochs; the row stays open")
+    if len(done) != epochs:
+        say(f"  {name}: the run ended after {len(done)} of {epochs} epochs; the row stays open")
         return False
     doc = results.collect(run_dir, table=table, row=row, profile=prof, command=argv,
-                          invocations=invocations(log))
-    results.write_json(doc, results_dir / f"{row.name}.json")
-    say(f"  {row.name}: test top-1 {doc['final_top1']:.2f}% (best {doc['best_top1']:.2f}%), "
-        f"{doc['train_time_s']:.0f} s training -> {results_dir / (row.name + '.json')}")
+                          invocations=invocations(log), name=name)
+    results.write_json(doc, results_dir / f"{name}.json")
+    say(f"  {name}: test top-1 {doc['final_top1']:.2f}% (best {doc['best_top1']:.2f}%), "
+        f"{doc['train_time_s']:.0f} s training -> {results_dir / (name + '.json')}")
     return True
 
 
 def run(table: str, rows: list[matrix.Row], prof: matrix.Profile, data: str, results_dir: Path,
         runs_dir: Path, epochs: Optional[int] = None, say: Callable[[str], None] = _say,
         allow_dirty: bool = False) -> int:
-    """Every row of ``rows`` (module docstring); 0 when all have results, 1 otherwise. Refuses a
-    source tree with uncommitted changes (``check_clean``) and a table another runner holds."""
+    """Every row of ``rows`` (module docstring), then the further seeds of the rows that need
+    them (``spread.needs_seeds``); 0 when all have results, 1 otherwise. Refuses a source tree
+    with uncommitted changes (``check_clean``) and a table another runner holds."""
     check_clean(allow_dirty or (prof is not None and prof.name != "full"))  # a quick profile is never published
     with table_lock(runs_dir):
         return _run(table, rows, prof, data, results_dir, runs_dir, epochs, say)
 
 
+def _have(results_dir: Path, name: str) -> bool:
+    path = results_dir / f"{name}.json"
+    if path.is_file():
+        results.read_result(path)  # done only when it is a good one
+        return True
+    return False
+
+
 def _run(table, rows, prof, data, results_dir, runs_dir, epochs, say) -> int:
     failed, t0 = [], time.monotonic()
-    for i, row in enumerate(rows, 1):
-        if (results_dir / f"{row.name}.json").is_file():
-            results.read_result(results_dir / f"{row.name}.json")  # done only when it is a good one
-            say(f"[{i}/{len(rows)}] {row.name}: done ({results_dir / (row.name + '.json')})")
-            continue
-        say(f"[{i}/{len(rows)}] {row.name}: {row.words}  (elapsed {time.monotonic() - t0:.0f} s)")
-        if not run_row(table, row, prof, data, results_dir, runs_dir, epochs, say):
-            failed.append(row.name)
+    todo = [(row, 0) for row in rows]
+    i = 0
+    while i < len(todo):
+        row, seed = todo[i]
+        i += 1
+        name = matrix.key(row, seed)
+        if _have(results_dir, name):
+            say(f"[{i}/{len(todo)}] {name}: done ({results_dir / (name + '.json')})")
+        else:
+            say(f"[{i}/{len(todo)}] {name}: {row.words}, seed {seed}  (elapsed {time.monotonic() - t0:.0f} s)")
+            if not run_row(table, row, prof, data, results_dir, runs_dir, epochs, say, seed):
+                failed.append(name)
+        if i == len(todo) and len(prof.seeds) > 1:  # seed 0 of the chosen rows done: which need more
+            todo += _more_seeds(rows, todo, prof, results_dir, say)
     if failed:
-        say(f"{len(failed)} row(s) without a result: {', '.join(failed)}")
+        say(f"{len(failed)} run(s) without a result: {', '.join(failed)}")
         return 1
-    say(f"all {len(rows)} row(s) have results in {results_dir}")
+    say(f"all {len(todo)} run(s) have results in {results_dir}")
     return 0
+
+
+def _more_seeds(rows, todo, prof, results_dir: Path, say) -> list[tuple[matrix.Row, int]]:
+    res = results.load_results(results_dir)
+    refs = {r.reference for r in matrix.ROWS}
+    planned = {(r.name, s) for r, s in todo}
+    out = []
+    for row in rows:
+        need = spread.needs_seeds(res, row.name, row.reference, refs)
+        if need is None:
+            say(f"  {row.name}: seeds {', '.join(map(str, prof.seeds[1:]))} decided once it and "
+                f"{row.reference} have seed 0")
+        elif need:
+            out += [(row, s) for s in prof.seeds[1:] if (row.name, s) not in planned]
+    return out

@@ -1,0 +1,161 @@
+"""The runner's provenance and seeds: run directories started by another command are never
+collected nor resumed as the row; seeds 1 and 2 run for the references and the close rows;
+verdicts use the seeds' spread; stale results are found against git; the report says at its top
+when a table is incomplete, of a quick profile or not from one commit."""
+import json
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bfp.experiments import matrix, report, results, runner, spread, stale
+
+ROWS = {r.name: r for r in matrix.ROWS}
+
+
+def _fake_training(top1_of):
+    """A stand-in for ``cifar.py``: writes the run directory (config.json with the command,
+    metrics.jsonl with one record per epoch) whose top-1 is ``top1_of(run name, seed)``."""
+    started = []
+
+    def invoke(argv, log, say):
+        flag = lambda f: argv[argv.index(f) + 1]   # noqa: E731
+        run_dir = Path(flag("--run-dir")) / flag("--run-name")
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps({"command": ["/x/cifar.py", *argv[1:]]}))
+        top1 = top1_of(flag("--run-name"), int(flag("--seed")))
+        with open(run_dir / "metrics.jsonl", "w") as f:
+            for e in range(int(flag("--training-epochs"))):
+                f.write(json.dumps({"epoch": e, "global_step": e + 1, "train_loss": 1.0, "test_acc1": top1,
+                                    "epoch_time_s": 1.0}) + "\n")
+        runner._log(log, {"argv": argv, "git_commit": "c0ffee"})
+        started.append(flag("--run-name"))
+        return 0
+    return invoke, started
+
+
+@pytest.fixture
+def prof():
+    return replace(matrix.profile("quick"), seeds=(0, 1, 2), rows=None)
+
+
+def test_a_finished_run_of_other_epochs_or_data_is_set_aside_not_collected(tmp_path, monkeypatch, prof):
+    invoke, started = _fake_training(lambda name, seed: 50.0)
+    monkeypatch.setattr(runner, "_invoke", invoke)
+    runs, res = tmp_path / "runs", tmp_path / "res"
+    row = ROWS["fb12"]
+    # a finished 6-epoch run in the row's directory, and then one trained on another -dp folder
+    for other in (matrix.command(row, prof, "DATA", str(runs), epochs=6),
+                  matrix.command(row, prof, "OTHER", str(runs), epochs=1)):
+        invoke(other, runs / ".x", print)
+        started.clear()
+        assert runner.run_row("cifar10-table", row, prof, "DATA", res, runs, epochs=1, say=print)
+        assert started == ["fb12"]  # trained afresh, not collected
+        doc = results.read_result(res / "fb12.json")
+        assert len(doc["epochs"]) == 1 and doc["command"] == matrix.command(row, prof, "DATA", str(runs), 1)
+        (res / "fb12.json").unlink()
+        import shutil
+        shutil.rmtree(runs / "fb12")
+    assert sorted(p.name for p in runs.iterdir() if p.name.startswith("fb12.")) == [
+        "fb12.other-command-1", "fb12.other-command-2"]  # nothing deleted
+
+
+def test_a_run_of_the_same_command_is_collected_without_training(tmp_path, monkeypatch, prof):
+    invoke, started = _fake_training(lambda name, seed: 50.0)
+    monkeypatch.setattr(runner, "_invoke", invoke)
+    runs, res = tmp_path / "runs", tmp_path / "res"
+    invoke(matrix.command(ROWS["fb12"], prof, "DATA", str(runs), epochs=1), runs / ".fb12.invocations.jsonl", print)
+    started.clear()
+    assert runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=1, say=print)
+    assert started == [] and results.read_result(res / "fb12.json")["final_top1"] == 50.0
+
+
+def test_seeds_run_for_references_and_close_rows_only(tmp_path, monkeypatch, prof):
+    acc = {"fp32": 70.0, "fb24": 68.5, "fb12": 60.0}   # fb24 is 1.5 under: 0.5 from the threshold
+    invoke, started = _fake_training(lambda name, seed: acc[name.split("-s")[0]] + seed / 10)
+    monkeypatch.setattr(runner, "_invoke", invoke)
+    monkeypatch.setattr(runner, "check_clean", lambda allow: None)
+    rows = [ROWS[n] for n in ("fp32", "fb24", "fb12")]
+    assert runner.run("cifar10-table", rows, prof, "DATA", tmp_path / "res", tmp_path / "runs", epochs=1,
+                      say=print) == 0
+    assert started == ["fp32", "fb24", "fb12", "fp32-s1", "fp32-s2", "fb24-s1", "fb24-s2"]
+    got = results.load_results(tmp_path / "res")
+    assert got["fb24-s2"]["seed"] == 2 and got["fb24-s2"]["base_row"] == "fb24"
+    assert "--seed 2" in matrix.shell(got["fb24-s2"]["command"]) and "--seed 0" not in matrix.shell(got["fb24-s2"]["command"])
+    assert spread.top1s(got, "fb24") == [68.5, 68.6, 68.7]
+    started.clear()  # a rerun has nothing left to do
+    assert runner.run("cifar10-table", rows, prof, "DATA", tmp_path / "res", tmp_path / "runs", epochs=1,
+                      say=print) == 0 and started == []
+
+
+def test_verdicts_use_the_seeds_spread():
+    # within 1 point: |d| + half-ranges <= 1
+    assert spread.near([70.0], [70.5]) is True
+    assert spread.near([69.6, 69.7, 69.8], [70.0, 70.1, 70.2]) is True       # d -0.4, s 0.1 + 0.1
+    assert spread.near([69.0, 69.4, 69.8], [70.0, 70.2, 70.4]) == spread.UNRESOLVED  # d -0.8, s 0.4 + 0.2
+    assert spread.near([68.0, 69.0, 70.0], [70.0]) == spread.UNRESOLVED       # d -1.0, s 1.0
+    assert spread.near([65.0], [70.0]) is False
+    assert spread.below([60.0], [70.0]) is True and spread.below([69.5], [70.0]) is False
+    assert spread.below([68.5, 69.5], [70.0, 70.0]) == spread.UNRESOLVED      # d -1.0, s 0.5
+    assert spread.verdict([True, spread.UNRESOLVED]) == "not resolved at this scale"
+    assert spread.verdict([True, None]) == "partly run" and spread.verdict([True, False]) == "partly reproduced"
+    assert spread.both(False, spread.UNRESOLVED) is False and spread.both(True, spread.UNRESOLVED) == spread.UNRESOLVED
+    res = {"fp32": {"final_top1": 70.0}, "fb24": {"final_top1": 69.0}, "fb12": {"final_top1": 59.0},
+           "fb16": {"final_top1": 66.5}}
+    refs = {"fp32", "w8-fp32"}
+    assert spread.needs_seeds(res, "fp32", "fp32", refs) is True
+    assert spread.needs_seeds(res, "fb24", "fp32", refs) is True     # d -1: on the threshold
+    assert spread.needs_seeds(res, "fb16", "fp32", refs) is True     # d -3.5: 2.5 from it
+    assert spread.needs_seeds(res, "fb12", "fp32", refs) is False    # d -11: 10 from it
+    assert spread.needs_seeds(res, "mxfp4", "fp32", refs) is None    # not run yet
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
+                   capture_output=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+
+def test_stale_results_are_found_against_git(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "bfp").mkdir(parents=True)
+    (repo / "bfp" / "x.py").write_text("a = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    a = _git(repo, "commit", "-qm", "a")
+    (repo / "bfp" / "x.py").write_text("a = 2\n")
+    _git(repo, "add", ".")
+    b = _git(repo, "commit", "-qm", "b")
+    (repo / "README.md").write_text("words\n")
+    _git(repo, "add", ".")
+    head = _git(repo, "commit", "-qm", "c")
+    assert stale.why_stale({"git_commit": a}, head, repo) == f"bfp/x.py changed since its commit {a[:12]}"
+    assert stale.why_stale({"git_commit": b}, head, repo) is None            # only the README changed since
+    assert stale.why_stale({"git_commit": b}, head, repo, every=True).startswith(f"it ran at {b[:12]}, not HEAD")
+    assert "uncommitted changes" in stale.why_stale({"git_commit": head + "+dirty"}, head, repo)
+    assert "not in this repository" in stale.why_stale({"git_commit": "0" * 40}, head, repo)
+    assert stale.why_stale({}, head, repo) == "it records no commit"
+
+
+def test_set_aside_moves_results_and_run_directories(tmp_path):
+    res, runs = tmp_path / "res", tmp_path / "runs"
+    (runs / "fb12").mkdir(parents=True)
+    res.mkdir()
+    (res / "fb12.json").write_text("{}")
+    dest = stale.set_aside(["fb12"], res, runs)
+    assert (dest / "fb12.json").is_file() and (dest / "fb12").is_dir() and not (res / "fb12.json").exists()
+    assert stale.set_aside([], res, runs).name == "2"
+
+
+def test_the_report_says_when_a_table_is_incomplete_quick_or_not_one_commit(tmp_path):
+    rec = results.read_result(Path(__file__).resolve().parents[1] / "results" / "cifar10-table" / "fp32.json")
+    one = dict(rec, git_commit="a" * 40, citable=True)
+    page = report.render("cifar10-table", {"fp32": one}, matrix.ROWS, tmp_path / "R.md", tmp_path / "img",
+                         profile="quick").read_text()
+    assert "Profile `quick`: a machinery check, not results" in page
+    assert f"Incomplete table**: 1 of {len(matrix.ROWS)} rows" in page
+    assert f"Every result (1) comes from one clean commit, `{'a' * 40}`" in page
+    two = {"fp32": one, "fb24": dict(rec, row="fb24", git_commit="b" * 40, citable=True)}
+    page = report.render("cifar10-table", two, matrix.ROWS, tmp_path / "R.md", tmp_path / "img").read_text()
+    assert "**Not one commit**: the results come from 2 source states" in page
