@@ -5,7 +5,9 @@ cores", PeerJ Computer Science 7:e330, 2021, and later work on Hopper by the sam
 the adder: products are exact; a group of ``terms`` products and the running accumulator are
 aligned to the largest exponent among them; each term is cut to a fixed number of bits below it;
 the terms are summed exactly and the result is cut to a fixed width. ``FusedAccumulator`` holds
-those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them.
+those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them (a Numba kernel,
+``bfp.kernels.fused`` / ``fused_cuda``; this module's float64 torch code is the reference it
+equals bit for bit, ``backend="reference"``).
 
 One step, for each output element, with ``c`` the running sum (float32, starting at +0):
 
@@ -48,7 +50,9 @@ from dataclasses import replace
 from typing import Optional
 
 import torch
+from numba import config as numba_config
 
+from .kernels.fused import fused_chain as _cpu_chain, operand_exponents
 from .precision import FusedAccumulator
 
 __all__ = ["FusedAccumulator", "fused_matmul", "accumulator_from_name", "FUSED_PRESETS"]
@@ -97,9 +101,31 @@ def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Ten
     return c
 
 
-def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator") -> torch.Tensor:
+def _kernel_chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Tensor:
+    """``_chain`` by a Numba kernel: ``bfp.kernels.fused`` on the CPU, ``bfp.kernels.fused_cuda`` on
+    CUDA tensors or under the CUDA simulator (loaded on first use)."""
+    emin_a, emin_b = acc.emins()
+    ea, eb = operand_exponents(a, emin_a), operand_exponents(b, emin_b)
+    out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float64, device=a.device)
+    params = (acc.terms, acc.align_emin, acc.align_bits, acc.align_rounding == "nearest", acc.sum_bits,
+              acc.sum_emin, acc.sum_rounding == "nearest", bool(acc.accumulator_in_alignment),
+              acc.product_exponent == "operands")
+    if a.is_cuda or numba_config.ENABLE_CUDASIM:
+        from .kernels.fused_cuda import fused_chain as on_device
+        on_device(a.contiguous(), b.contiguous(), ea.contiguous(), eb.contiguous(), out, *params)
+    else:  # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
+        _cpu_chain(a.contiguous().numpy(), b.contiguous().numpy(), ea.contiguous().numpy(),
+                   eb.contiguous().numpy(), out.numpy(), *params, bool(torch.isfinite(b).all()))
+    return out
+
+
+def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
     """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
-    values) through ``acc`` (module docstring); float32 result."""
+    values) through ``acc`` (module docstring); float32 result. ``backend``: ``"kernel"`` (Numba:
+    ``bfp.kernels.fused`` on the CPU, ``fused_cuda`` on CUDA tensors or under the CUDA simulator)
+    or ``"reference"`` (this module's float64 torch code), equal bit for bit."""
+    if backend not in ("kernel", "reference"):
+        raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     a64, b64 = a.double(), b.double()
@@ -116,8 +142,11 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator") -> t
             pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
             pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
             rows = max(1, (1 << 22) // (acc.terms * max(b.shape[1], 1)))  # (rows, terms, N) float64 slabs
-            part = torch.cat([_chain(pa[r:r + rows], pb, acc) for r in range(0, pa.shape[0], rows)]
-                             or [pa.new_zeros(0, b.shape[1])]).float()  # a chain's result fits float32
+            if backend == "kernel":
+                part = _kernel_chain(pa, pb, acc).float()
+            else:
+                part = torch.cat([_chain(pa[r:r + rows], pb, acc) for r in range(0, pa.shape[0], rows)]
+                                 or [pa.new_zeros(0, b.shape[1])]).float()  # a chain's result fits float32
             out32 = part if out32 is None else out32 + part  # float32 adds, round to nearest, in order
     return out32
 

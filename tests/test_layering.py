@@ -13,7 +13,7 @@ FLOORS = ["formats", "mx", "nvfp4", "scaled", "kernels", "precision", "hadamard"
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
 LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
            ("hadamard", "bfp.kernels.hadamard_cpu"),
-           ("hadamard", "bfp.kernels.nvfp4_rht")}
+           ("hadamard", "bfp.kernels.nvfp4_rht"), ("tensorcore", "bfp.kernels.fused_cuda")}
 
 
 def floor_of(module: str) -> str:

@@ -1,0 +1,105 @@
+"""The tensor-core multi-term fused adder as a Numba CPU kernel (the rule: ``bfp.tensorcore``'s
+docstring; its float64 torch code is the reference these kernels equal bit for bit).
+
+``fused_chain(a, b, ea, eb, out, *params)`` runs one accumulation chain over all of K for every output element
+of ``a @ b``: ``a`` (M, K) and ``b`` (K, N) float64 with K a multiple of the step's ``terms``,
+operand exponents precomputed (``operand_exponents``). Each step aligns its products and the
+accumulator to the largest exponent ``E``, cuts each term to ``align_bits`` fraction bits below
+``2**E`` (a product times ``2**(align_bits - E)`` is then an integer-valued float64, truncated
+or rounded to nearest-even) and sums them: every term is an integer multiple of
+``2**(E - align_bits)`` below ``2**(E + 1)``, so ``terms + 1`` of them add exactly in float64
+in any order. The step's result is cut to ``sum_bits`` relative to its own exponent.
+
+Why this is fast: per row of ``a`` the loops run over the N outputs innermost, branch-free
+(a zero operand's exponent is a large negative sentinel, so it never wins the alignment and its
+product, 0, adds nothing), so LLVM vectorises them; rows run in parallel threads. Powers of two
+and exponents (``math.ldexp``, ``math.frexp``) are computed once per output and step, not per
+term. Results do not depend on the thread count.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+ZERO_EXP = -(1 << 20)  # the exponent of a zero operand: loses every alignment (two sum to -2**21: int32)
+
+
+def operand_exponents(x: torch.Tensor, emin: int) -> torch.Tensor:
+    """floor(log2|x|) of each value, at least ``emin`` (an operand below the input format's
+    smallest normal counts as its minimum normal exponent); ``ZERO_EXP`` for zeros (int32: a
+    32-bit max vectorises with AVX2, a 64-bit one does not)."""
+    _, e = torch.frexp(x)
+    e = torch.clamp(e.to(torch.int32) - 1, min=emin)
+    return torch.where(x == 0, torch.full_like(e, ZERO_EXP), e)
+
+
+@njit(cache=True, inline="always")
+def _exp(x):
+    return math.frexp(x)[1] - 1
+
+
+@njit(cache=True, inline="always")
+def _cut(x, e, bits, near):
+    """``x`` to ``bits`` fraction bits below ``2**e``, toward zero or to nearest even."""
+    scale = math.ldexp(1.0, bits - e)
+    y = np.rint(x * scale) if near else np.trunc(x * scale)
+    return y / scale
+
+
+@njit(cache=True, parallel=True)
+def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, sum_bits, sum_emin, sum_near,
+                acc_in, operands, skip_zeros):
+    m, k = a.shape
+    n = b.shape[1]
+    for i in prange(m):
+        c = np.zeros(n)
+        top = np.empty(n, dtype=np.int32)
+        scale = np.empty(n)
+        s = np.empty(n)
+        for g in range(0, k, terms):
+            top[:] = ZERO_EXP
+            for t in range(g, g + terms):
+                ai = a[i, t]
+                if ai == 0.0 and skip_zeros:
+                    continue
+                if operands:
+                    eai = ea[i, t]
+                    for j in range(n):
+                        e = eai + eb[t, j]
+                        top[j] = e if e > top[j] else top[j]  # a select: vectorised
+                else:  # the product's own exponent
+                    for j in range(n):
+                        p = ai * b[t, j]
+                        if p != 0.0:
+                            top[j] = max(top[j], np.int32(_exp(p)))
+            for j in range(n):
+                if acc_in and c[j] != 0.0:
+                    top[j] = max(top[j], np.int32(_exp(c[j])))
+                top[j] = max(top[j], np.int32(align_emin))
+                scale[j] = math.ldexp(1.0, align_bits - top[j])
+                if acc_in:
+                    s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
+                else:
+                    s[j] = 0.0
+            for t in range(g, g + terms):
+                ai = a[i, t]
+                if ai == 0.0 and skip_zeros:  # all its products are 0 (b finite: no 0 * inf)
+                    continue
+                if align_near:
+                    for j in range(n):
+                        s[j] += np.rint(ai * b[t, j] * scale[j])
+                else:
+                    for j in range(n):
+                        s[j] += np.trunc(ai * b[t, j] * scale[j])
+            for j in range(n):
+                v = s[j] / scale[j]
+                if not acc_in:
+                    v = v + c[j]
+                if v != 0.0 and not math.isinf(v) and not math.isnan(v):
+                    v = _cut(v, max(_exp(v), sum_emin), sum_bits, sum_near)
+                c[j] = 0.0 if v == 0.0 else v  # +0, never -0
+        for j in range(n):
+            out[i, j] = c[j]

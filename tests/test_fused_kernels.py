@@ -1,0 +1,85 @@
+"""The fused-adder kernels (bfp.kernels.fused on the CPU, fused_cuda under the CUDA simulator)
+equal the float64 torch reference of bfp.tensorcore bit for bit, for every setting of the adder:
+truncation and rounding to nearest, product exponents from the operands or the product, the
+accumulator in or out of the alignment, promotion, split K, zeros, subnormal operands, Inf/NaN.
+(tests/test_tensorcore.py checks the reference against an exact Fraction oracle.)"""
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import bfp
+from bfp.tensorcore import FUSED_PRESETS, fused_matmul
+
+ROOT = Path(__file__).resolve().parents[1]
+E4M3 = bfp.format_from_name("float8_e4m3fn")
+BASE = FUSED_PRESETS["h100_fp8_fast"]
+SETTINGS = {
+    "h100_fp8_fast": BASE, "h100_fp8": FUSED_PRESETS["h100_fp8"], "ada_fp8": FUSED_PRESETS["ada_fp8"],
+    "nearest": replace(BASE, align_rounding="nearest", sum_rounding="nearest"),
+    "product-exponent": replace(BASE, product_exponent="product"),
+    "acc-outside": replace(BASE, accumulator_in_alignment=False),
+    "narrow": replace(BASE, terms=4, align_bits=3, sum_bits=4, align_emin=-20, sum_emin=-18),
+    "split-k": replace(BASE, split_k=3, promote_every=64),
+}
+
+
+def operands(m, k, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    def one(*shape):
+        x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-12, 9, shape, generator=g).float())
+        x[torch.rand(*shape, generator=g) < 0.1] = 0.0
+        return bfp.quantize(x, E4M3)
+    return one(m, k), one(k, n)
+
+
+def bits(t):
+    return t.view(torch.int32)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (4, 31, 5), (7, 200, 3), (3, 1000, 17)])
+def test_cpu_kernel_equals_the_reference(name, mkn):
+    a, b = operands(*mkn, seed=sum(mkn))
+    acc = SETTINGS[name]
+    assert torch.equal(bits(fused_matmul(a, b, acc)), bits(fused_matmul(a, b, acc, backend="reference")))
+
+
+def test_cpu_kernel_carries_inf_and_nan_as_the_reference():
+    a, b = operands(3, 70, 4, seed=5)
+    a[0, 3], a[1, 40], b[10, 2] = float("inf"), float("nan"), -float("inf")
+    got, want = fused_matmul(a, b, BASE), fused_matmul(a, b, BASE, backend="reference")
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(got).any()
+    assert torch.equal(bits(got[~torch.isnan(got)]), bits(want[~torch.isnan(want)]))
+
+
+def test_bad_backend_is_refused():
+    with pytest.raises(ValueError, match="backend 'gpu': allowed 'kernel', 'reference'"):
+        fused_matmul(torch.ones(1, 1), torch.ones(1, 1), BASE, backend="gpu")
+
+
+SIM = """
+import torch
+from test_fused_kernels import SETTINGS, operands, bits
+from bfp.tensorcore import fused_matmul
+bad = 0
+for name, acc in SETTINGS.items():
+    for mkn in [(2, 33, 3), (3, 130, 2)]:
+        a, b = operands(*mkn, seed=sum(mkn))
+        same = torch.equal(bits(fused_matmul(a, b, acc)), bits(fused_matmul(a, b, acc, backend="reference")))
+        bad += not same
+        print(name, mkn, "ok" if same else "MISMATCH")
+print("mismatches", bad)
+"""
+
+
+def test_cuda_kernel_equals_the_reference_in_the_simulator():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    r = subprocess.run([sys.executable, "-c", SIM], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "mismatches 0" in r.stdout and r.stdout.count(" ok") == 2 * len(SETTINGS), r.stdout
