@@ -52,7 +52,7 @@ from typing import Optional
 import torch
 from numba import config as numba_config
 
-from .kernels.fused import fused_chain as _cpu_chain, operand_exponents
+from .kernels.fused import ZERO_EXP, float32_exact, fused_chain as _cpu_chain, operand_exponents
 from .precision import FusedAccumulator
 
 __all__ = ["FusedAccumulator", "fused_matmul", "accumulator_from_name", "FUSED_PRESETS"]
@@ -101,22 +101,39 @@ def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Ten
     return c
 
 
-def _kernel_chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Tensor:
-    """``_chain`` by a Numba kernel: ``bfp.kernels.fused`` on the CPU, ``bfp.kernels.fused_cuda`` on
-    CUDA tensors or under the CUDA simulator (loaded on first use)."""
-    emin_a, emin_b = acc.emins()
-    ea, eb = operand_exponents(a, emin_a), operand_exponents(b, emin_b)
-    out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float64, device=a.device)
-    params = (acc.terms, acc.align_emin, acc.align_bits, acc.align_rounding == "nearest", acc.sum_bits,
-              acc.sum_emin, acc.sum_rounding == "nearest", bool(acc.accumulator_in_alignment),
-              acc.product_exponent == "operands")
-    if a.is_cuda or numba_config.ENABLE_CUDASIM:
-        from .kernels.fused_cuda import fused_chain as on_device
-        on_device(a.contiguous(), b.contiguous(), ea.contiguous(), eb.contiguous(), out, *params)
-    else:  # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
-        _cpu_chain(a.contiguous().numpy(), b.contiguous().numpy(), ea.contiguous().numpy(),
-                   eb.contiguous().numpy(), out.numpy(), *params, bool(torch.isfinite(b).all()))
-    return out
+class _Kernel:
+    """The Numba kernels' chains (``bfp.kernels.fused`` on the CPU, ``fused_cuda`` on CUDA tensors or
+    under the CUDA simulator, loaded on first use), with what every span shares computed once: the
+    operands in float32 where that is exact (``float32_exact``) else float64, and their exponents."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator):
+        self.device = a.is_cuda or bool(numba_config.ENABLE_CUDASIM)
+        self.narrow = not self.device and float32_exact(a, b, acc)
+        self.dt = torch.float32 if self.narrow else torch.float64
+        self.a, self.b = a.to(self.dt), b.to(self.dt)
+        emin_a, emin_b = acc.emins()
+        self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
+        # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
+        self.skip = self.narrow or bool(torch.isfinite(self.b).all())
+        self.params = (acc.terms, acc.align_emin, acc.align_bits, acc.align_rounding == "nearest", acc.sum_bits,
+                       acc.sum_emin, acc.sum_rounding == "nearest", bool(acc.accumulator_in_alignment),
+                       acc.product_exponent == "operands")
+
+    def chain(self, s: int, e: int, width: int) -> torch.Tensor:
+        """One chain over K elements ``s:e``, zero-padded to ``width``; float32 result."""
+        m, n = self.a.shape[0], self.b.shape[1]
+        pa, pb = self.a.new_zeros(m, width), self.b.new_zeros(width, n)
+        pea, peb = self.ea.new_full((m, width), ZERO_EXP), self.eb.new_full((width, n), ZERO_EXP)
+        pa[:, :e - s], pb[:e - s], pea[:, :e - s], peb[:e - s] = (self.a[:, s:e], self.b[s:e], self.ea[:, s:e],
+                                                                  self.eb[s:e])
+        out = pa.new_empty(m, n)
+        if self.device:
+            from .kernels.fused_cuda import fused_chain as on_device
+            on_device(pa, pb, pea, peb, out, *self.params)
+        else:
+            _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip,
+                       126 if self.narrow else 2000)
+        return out.float()  # a chain's result fits float32
 
 
 def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
@@ -128,7 +145,8 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", back
         raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
-    a64, b64 = a.double(), b.double()
+    kernel = _Kernel(a, b, acc) if backend == "kernel" else None
+    a64, b64 = (a.double(), b.double()) if kernel is None else (None, None)
     k = a.shape[1]
     tiles = [t for t in torch.tensor_split(torch.arange(k), acc.split_k) if len(t)] or [torch.arange(0)]
     out32 = None
@@ -138,13 +156,13 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", back
         for s in range(lo, max(hi, lo + 1), span):
             e = min(s + span, hi)
             width = -(-(e - s) // acc.terms) * acc.terms or acc.terms
-            pa = torch.zeros(a.shape[0], width, dtype=torch.float64, device=a.device)
-            pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
-            pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
-            rows = max(1, (1 << 22) // (acc.terms * max(b.shape[1], 1)))  # (rows, terms, N) float64 slabs
-            if backend == "kernel":
-                part = _kernel_chain(pa, pb, acc).float()
+            if kernel is not None:
+                part = kernel.chain(s, e, width)
             else:
+                pa = torch.zeros(a.shape[0], width, dtype=torch.float64, device=a.device)
+                pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
+                pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
+                rows = max(1, (1 << 22) // (acc.terms * max(b.shape[1], 1)))  # (rows, terms, N) float64 slabs
                 part = torch.cat([_chain(pa[r:r + rows], pb, acc) for r in range(0, pa.shape[0], rows)]
                                  or [pa.new_zeros(0, b.shape[1])]).float()  # a chain's result fits float32
             out32 = part if out32 is None else out32 + part  # float32 adds, round to nearest, in order

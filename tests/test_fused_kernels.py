@@ -49,6 +49,17 @@ def test_cpu_kernel_equals_the_reference(name, mkn):
     assert torch.equal(bits(fused_matmul(a, b, acc)), bits(fused_matmul(a, b, acc, backend="reference")))
 
 
+def test_float32_runs_only_where_it_is_exact_and_float64_elsewhere():
+    from bfp.kernels.fused import float32_exact
+    a, b = operands(4, 100, 6, seed=3)
+    assert float32_exact(a, b, BASE) and not float32_exact(a, b, SETTINGS["acc-outside"])
+    assert not float32_exact(a, b, replace(BASE, align_bits=17))
+    wide = a * 2.0 ** 30  # beyond FP8's range: products would leave float32's exact range
+    assert not float32_exact(wide, b, BASE)
+    for x in (wide, a * 2.0 ** -30):
+        assert torch.equal(bits(fused_matmul(x, b, BASE)), bits(fused_matmul(x, b, BASE, backend="reference")))
+
+
 def test_cpu_kernel_carries_inf_and_nan_as_the_reference():
     a, b = operands(3, 70, 4, seed=5)
     a[0, 3], a[1, 40], b[10, 2] = float("inf"), float("nan"), -float("inf")

@@ -10,6 +10,13 @@ or rounded to nearest-even) and sums them: every term is an integer multiple of
 ``2**(E - align_bits)`` below ``2**(E + 1)``, so ``terms + 1`` of them add exactly in float64
 in any order. The step's result is cut to ``sum_bits`` relative to its own exponent.
 
+The same code runs on float32 arrays where that is exact (``float32_exact``): FP8-range operands,
+whose products are exact in float32 and, scaled, below ``2**(align_bits + 2)``, so a step's sum
+stays below ``2**24``; the accumulator in the alignment (a float32 ``v + c`` would round once
+more); ``align_bits <= 16`` and ``sum_bits <= 22``. A step whose products are all zero, with a
+zero accumulator, would then scale by more than float32 holds: ``scale_cap`` (126) caps that
+power of two, which changes nothing there (its terms are zero). Twice the lanes of float64.
+
 Why this is fast: per row of ``a`` the loops run over the N outputs innermost, branch-free
 (a zero operand's exponent is a large negative sentinel, so it never wins the alignment and its
 product, 0, adds nothing), so LLVM vectorises them; rows run in parallel threads. Powers of two
@@ -36,6 +43,23 @@ def operand_exponents(x: torch.Tensor, emin: int) -> torch.Tensor:
     return torch.where(x == 0, torch.full_like(e, ZERO_EXP), e)
 
 
+def float32_exact(a: torch.Tensor, b: torch.Tensor, acc) -> bool:
+    """Whether ``fused_chain`` on float32 copies equals the float64 run (module docstring)."""
+    if not (acc.accumulator_in_alignment and acc.align_bits <= 16 and acc.sum_bits <= 22):
+        return False
+    return all(_in_range(x.detach().cpu().contiguous().numpy().reshape(-1), 2.0 ** -24, 2.0 ** 24) for x in (a, b))
+
+
+@njit(cache=True)
+def _in_range(x, lo, hi):
+    """Every value zero or of magnitude in [lo, hi) (NaN and Inf are not), in one pass."""
+    for v in x:
+        m = abs(v)
+        if m != 0.0 and not (lo <= m < hi):
+            return False
+    return True
+
+
 @njit(cache=True, inline="always")
 def _exp(x):
     return math.frexp(x)[1] - 1
@@ -51,14 +75,14 @@ def _cut(x, e, bits, near):
 
 @njit(cache=True, parallel=True)
 def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, sum_bits, sum_emin, sum_near,
-                acc_in, operands, skip_zeros):
+                acc_in, operands, skip_zeros, scale_cap):
     m, k = a.shape
     n = b.shape[1]
     for i in prange(m):
-        c = np.zeros(n)
+        c = np.zeros(n, dtype=a.dtype)
         top = np.empty(n, dtype=np.int32)
-        scale = np.empty(n)
-        s = np.empty(n)
+        scale = np.empty(n, dtype=a.dtype)
+        s = np.empty(n, dtype=a.dtype)
         for g in range(0, k, terms):
             top[:] = ZERO_EXP
             for t in range(g, g + terms):
@@ -79,7 +103,7 @@ def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, su
                 if acc_in and c[j] != 0.0:
                     top[j] = max(top[j], np.int32(_exp(c[j])))
                 top[j] = max(top[j], np.int32(align_emin))
-                scale[j] = math.ldexp(1.0, align_bits - top[j])
+                scale[j] = math.ldexp(1.0, min(align_bits - top[j], scale_cap))
                 if acc_in:
                     s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
                 else:
