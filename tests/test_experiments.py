@@ -212,3 +212,25 @@ def test_decoded_images_are_cached_once_and_equal_a_fresh_decode(cifar_dir, tmp_
     monkeypatch.setenv("BFP_CACHE_DIR", "off")
     x4, _ = decoded.decode(samples, cifar_dir)
     assert torch.equal(x1, x4) and len(list((tmp_path / "c").glob("*.pt"))) == 2
+
+
+def test_the_lm_table_runs_lm_py_on_its_embedded_corpus_reports_bits_and_verifies(tmp_path):
+    """The transformer tables are tables of the same runner: lm-table's quick profile runs lm.py
+    (no --data: its corpus is embedded), writes result files, renders bits per character, and
+    verify reruns a row to the same numbers."""
+    res, runs = tmp_path / "res", tmp_path / "runs"
+    common = ("lm-table", "--profile", "quick", "--results", str(res), "--runs", str(runs))
+    r = _experiments("run", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    prof = matrix.profile("quick", "lm-table")
+    docs = {name: results.read_result(res / f"{name}.json") for name in prof.rows}
+    assert all(d["command"][0] == "lm.py" and "-dp" not in d["command"] for d in docs.values())
+    r = _experiments("report", *common, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    page = (runs / "RESULTS.md").read_text()
+    bpc = docs["fp32"]["epochs"][-1]["test_loss"] / np.log(2)
+    assert f"`fp32` {bpc:.3f}" in page and "bits per character" in page and "Profile `quick`" in page
+    r = _experiments("verify", *common, "--row", "fp32", cwd=tmp_path)
+    assert r.returncode == 0 and "identical" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    r = _experiments("run", *common, "--data", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "use lm.py's embedded data; drop --data" in r.stderr

@@ -158,4 +158,4 @@ def test_the_report_says_when_a_table_is_incomplete_quick_or_not_one_commit(tmp_
     assert f"Every result (1) comes from one clean commit, `{'a' * 40}`" in page
     two = {"fp32": one, "fb24": dict(rec, row="fb24", git_commit="b" * 40, citable=True)}
     page = report.render("cifar10-table", two, matrix.ROWS, tmp_path / "R.md", tmp_path / "img").read_text()
-    assert "**Not one commit**: the results come from 2 source states" in page
+    assert "**Not one commit**: the results come from 2 source state(s)" in page

@@ -92,7 +92,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                "quick profile: beside its report)")
     args = p.parse_args(argv)
     try:
-        prof, rows = matrix.profile(args.profile), matrix.table(args.table)
+        prof, rows = matrix.profile(args.profile, args.table), matrix.table(args.table)
         wanted = [r for r in args.rows.split(",") if r] if args.rows else None
         chosen = matrix.select(rows, prof, wanted)
         if args.epochs is not None and args.epochs < 1:
@@ -100,7 +100,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         res_dir, runs_dir = _dirs(args)
         if args.action == "report":
             quick = prof.name != "full"
-            args.doc = args.doc or (str(runs_dir / "RESULTS.md") if quick else "docs/RESULTS.md")
+            published = {"cifar10-table": "docs/RESULTS.md"}.get(args.table, f"docs/results-{args.table}.md")
+            args.doc = args.doc or (str(runs_dir / "RESULTS.md") if quick else published)
             args.img = args.img or (str(runs_dir / "img") if quick else "docs/img")
             doc = Path(args.doc)
             writable_dir(doc.parent if str(doc.parent) else Path("."), "--doc")
@@ -116,7 +117,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.action in ("run", "verify", "rerun-stale"):  # before any unpacking or training
             writable_dir(res_dir, "--results")
             writable_dir(runs_dir, "--runs")
-        if args.action == "list" and not args.data:
+        if prof.data_flag is None:  # the script's embedded data (lm.py's corpus)
+            if args.data:
+                raise ValueError(f"--data: the {args.table} rows use {prof.script}'s embedded data; drop --data")
+            data = ""
+        elif args.action == "list" and not args.data:
             data = "DATA"  # the commands, with the folder left to fill in
         elif not args.data:
             raise ValueError("--data is required: the CIFAR-10 JPEG folder or its .tar.gz "

@@ -50,6 +50,8 @@ class Profile:
     rows: Optional[tuple[str, ...]] = None   # None: every row of the table
     threads: int = 2
     seeds: tuple[int, ...] = (0,)  # seed 0 for every row; the others for references and close rows
+    script: str = "cifar.py"       # the task script the rows run
+    data_flag: Optional[str] = "-dp"  # how the script takes --data; None: its embedded data (lm.py)
 
 
 CLAIMS = {
@@ -133,7 +135,40 @@ PROFILES = {
          "--limit-train-images", "300", "--limit-test-images", "100"),
         epochs=1, rows=("fp32", "fb16-do", "w8-e4m3-aps"), threads=1),
 }
-TABLES = {"cifar10-table": ROWS}
+# The transformer tables (docs/transformers.md renders from them): the same formats on a ViT
+# (cifar.py -m ViT) and on lm.py's character-level GPT (bits per character).
+TRANSFORMER_ROWS = (
+    ("fp32", "FP32 (reference)", ()),
+    ("mxfp8", "OCP MXFP8 on every GEMM operand (attention products included)", ("--bfp", "any_mxfp8")),
+    ("fp8", "FP8 e4m3 on every GEMM operand, no loss scaling", ("--bfp", "any_fp8_e4m3")),
+    ("fp8-ls", "FP8 e4m3 on every GEMM operand, dynamic loss scaling",
+     ("--bfp", "any_fp8_e4m3", "--loss-scale", "dynamic")),
+    ("nvfp4", "NVFP4 (E2M1, E4M3 scale per 16, FP32 tensor scale)", ("--bfp", "any_nvfp4")),
+)
+VIT_ROWS = tuple(Row(n, "vit", w, f) for n, w, f in TRANSFORMER_ROWS)
+LM_ROWS = tuple(Row(n, "lm", w, f) for n, w, f in TRANSFORMER_ROWS)
+_VIT = ("-m", "ViT", "--model-opt", "dim=64", "--model-opt", "depth=4", "--model-opt", "heads=2", "-d", "CIFAR10",
+        "--gpu-data", "True", "--batch-size-train", "128", "--optimizer", "adamw", "--optim-lr", "0.001",
+        "--optim-weight-decay", "0.05", "--seed", "0")
+_LM = ("--seed", "0")
+TABLE_PROFILES = {
+    "cifar10-table": PROFILES,
+    "vit-table": {
+        "full": Profile("full", "full CIFAR-10, ViT dim 64, depth 4, 2 heads, patch 4, 3 epochs, batch 128, AdamW "
+                                "lr 1e-3 wd 0.05 with cosine decay, crop+flip augmentation, seed 0, 2 threads",
+                        _VIT, epochs=3),
+        "quick": Profile("quick", "machinery check only: 256 train / 100 test images, 1 epoch, two rows",
+                         _VIT + ("--limit-train-images", "256", "--limit-test-images", "100"), epochs=1,
+                         rows=("fp32", "mxfp8"), threads=1)},
+    "lm-table": {
+        "full": Profile("full", "lm.py's defaults: GPT dim 128, depth 4, 4 heads, block 64, batch 128, AdamW lr "
+                                "3e-3 wd 0.01 with cosine decay, on the Python standard-library corpus (offline), 5 "
+                                "epochs, seed 0, 2 threads", _LM, epochs=5, script="lm.py", data_flag=None),
+        "quick": Profile("quick", "machinery check only: 256 train / 64 test windows, 1 epoch, two rows",
+                         _LM + ("--limit-train-images", "256", "--limit-test-images", "64"), epochs=1,
+                         rows=("fp32", "mxfp8"), threads=1, script="lm.py", data_flag=None)},
+}
+TABLES = {"cifar10-table": ROWS, "vit-table": VIT_ROWS, "lm-table": LM_ROWS}
 
 
 def table(name: str) -> tuple[Row, ...]:
@@ -142,10 +177,11 @@ def table(name: str) -> tuple[Row, ...]:
     return TABLES[name]
 
 
-def profile(name: str) -> Profile:
-    if name not in PROFILES:
-        raise ValueError(f"unknown profile {name!r}; allowed: {', '.join(PROFILES)}")
-    return PROFILES[name]
+def profile(name: str, table_name: str = "cifar10-table") -> Profile:
+    profiles = TABLE_PROFILES[table(table_name) and table_name]
+    if name not in profiles:
+        raise ValueError(f"unknown profile {name!r}; allowed: {', '.join(profiles)}")
+    return profiles[name]
 
 
 def select(rows: tuple[Row, ...], prof: Profile, wanted: Optional[list[str]] = None) -> list[Row]:
@@ -175,9 +211,10 @@ def _with_seed(flags: tuple[str, ...], seed: int) -> list[str]:
 
 def command(row: Row, prof: Profile, data: str, run_dir: str, epochs: Optional[int] = None,
             seed: int = 0) -> list[str]:
-    """The ``cifar.py`` command line (argv, ``cifar.py`` first) of ``row`` under ``prof``
-    (with ``--seed seed``; the profile's flags carry seed 0)."""
-    return (["cifar.py", *(_with_seed(prof.flags, seed) if seed else prof.flags), "-dp", data,
+    """The command line (argv, the script first: ``cifar.py``, or ``lm.py`` for the LM table) of
+    ``row`` under ``prof`` (with ``--seed seed``; the profile's flags carry seed 0)."""
+    data_args = [prof.data_flag, data] if prof.data_flag else []
+    return ([prof.script, *(_with_seed(prof.flags, seed) if seed else prof.flags), *data_args,
              "--training-epochs", str(epochs or prof.epochs), "--threads", str(prof.threads), *row.flags,
              "--progress", "False", "--log", "True", "--save", "True", "--run-dir", run_dir,
              "--run-name", key(row, seed)])

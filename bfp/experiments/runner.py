@@ -105,12 +105,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 def script_argv(argv: list[str]) -> list[str]:
-    """How to execute a ``cifar.py ...`` argv here: the checkout's cifar.py, else the ``bfp`` command."""
-    script = REPO / "cifar.py"
+    """How to execute a ``cifar.py ...`` (or ``lm.py ...``) argv here: the checkout's script, else the
+    ``bfp`` command's task of that name."""
+    script = REPO / argv[0]
     if script.is_file():
         return [sys.executable, str(script), *argv[1:]]
     return [sys.executable, "-c", "import sys; from bfp.cli import main; sys.exit(main(sys.argv[1:]))",
-            "cifar", *argv[1:]]
+            Path(argv[0]).stem, *argv[1:]]
 
 
 def _loadavg() -> Optional[list[float]]:
@@ -208,14 +209,15 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
     if len(results.read_metrics(run_dir)) < epochs:
         if (run_dir / "checkpoints" / "last.pt").is_file():
             say(f"  resuming {run_dir} ({len(results.read_metrics(run_dir))} of {epochs} epochs done)")
-            rc = _invoke(["cifar.py", "--resume", str(run_dir), "-dp", data, "--progress", "False"], log, say)
+            data_args = [prof.data_flag, data] if prof.data_flag else []
+            rc = _invoke([prof.script, "--resume", str(run_dir), *data_args, "--progress", "False"], log, say)
         else:
             if run_dir.exists():
                 say(f"  {run_dir} has no checkpoint (killed in its first epoch): moved to "
                     f"{_set_aside(run_dir)}")
             rc = _invoke(argv, log, say)
         if rc != 0:
-            say(f"  {name}: cifar.py exited with status {rc}; the row stays open (rerun to resume)")
+            say(f"  {name}: {prof.script} exited with status {rc}; the row stays open (rerun to resume)")
             return False
     done = results.read_metrics(run_dir)
     if len(done) != epochs:
@@ -273,7 +275,7 @@ def _run(table, rows, prof, data, results_dir, runs_dir, epochs, say) -> int:
 
 def _more_seeds(rows, todo, prof, results_dir: Path, say) -> list[tuple[matrix.Row, int]]:
     res = results.load_results(results_dir)
-    refs = {r.reference for r in matrix.ROWS}
+    refs = {r.reference for r in rows}
     planned = {(r.name, s) for r, s in todo}
     out = []
     for row in rows:
