@@ -96,3 +96,23 @@ def test_two_channels_use_both_trees_and_kahan_is_refused_for_the_tree():
     assert two.tolist() == [1.125] * 16 + [1.0] * 16
     with pytest.raises(ValueError, match="Kahan"):
         RoundedReduce(fmt, order="nccl-tree", kahan=True)
+
+
+def test_nccl_avg_premultiplies_each_rank_by_the_rounded_reciprocal():
+    """divide='nccl-avg' is ncclAvg's PreMulSum: q(q(x) * q(1/N)) per rank, then the rounded sum;
+    the expected values are numpy float16 arithmetic (src/enqueue.cc, reduce_kernel.h)."""
+    import numpy as np
+    fp16 = Float(5, 10, overflow="inf")
+    g = torch.Generator().manual_seed(3)
+    stack = torch.randn(3, 40, generator=g) * 10
+    got = RoundedReduce(fp16, order="sequential", divide="nccl-avg")(stack)
+    x = stack.numpy().astype(np.float16)
+    s = np.float16(np.float32(1.0 / 3))
+    assert float(s) == 0.333251953125
+    want = (x[0] * s + x[1] * s) + x[2] * s   # numpy float16: each product and sum rounded to half
+    assert torch.equal(got, torch.from_numpy(want.astype(np.float32)))
+    before = RoundedReduce(fp16, order="sequential", divide="before")(stack)
+    assert not torch.equal(got, before)  # 1/3 rounded to half is not 1/3
+    two = torch.randn(4, 9, generator=g)  # N = 4: 1/4 is exact, so only q(x) differs from 'cast-first'
+    assert torch.equal(RoundedReduce(fp16, order="sequential", divide="nccl-avg")(two),
+                       RoundedReduce(fp16, order="sequential", divide="cast-first")(two))

@@ -51,7 +51,8 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
                    help="average the workers' gradients (as DDP) or sum them")
     g.add_argument("--grad-divide", default="before", choices=DIVIDE,
                    help="mean only: divide by the worker count before rounding (no overflow), after the "
-                        "sum, or cast-first: round, divide, round again (PyTorch's fp16_compress_hook exactly)")
+                        "sum, cast-first: round, divide, round again (PyTorch's fp16_compress_hook exactly), or "
+                        "nccl-avg: NCCL's ncclAvg, each value rounded times the rounded 1/N, rounded")
     g.add_argument("--use-aps", "--use_APS", "--use-APS", dest="use_aps", **boolean, default=False,
                    help="auto precision scaling: per gradient tensor, shift by a power of two so the "
                         "largest sum lands at the top of the format, reduce, shift back")

@@ -9,6 +9,14 @@ parameter, the way hardware whose adders hold ``fmt`` would:
    N in float32. ``divide="cast-first"`` is PyTorch's ``fp16_compress_hook``
    exactly (``buffer.to(float16).div_(world_size)``): each gradient rounded to
    ``fmt``, divided by N in float32, then rounded again in step 3.
+   ``divide="nccl-avg"`` is NCCL's ``ncclAvg`` for floating types (``src/enqueue.cc``,
+   ``hostToDevRedOp``: ``ncclDevPreMulSum`` with the scalar ``__float2half(float(1.0 /
+   nRanks))``, resp. bf16/fp8/float; ``src/device/reduce_kernel.h``, ``Apply_PreOp``:
+   ``__hmul(x, scalar)`` as each rank's value enters the reduction): each gradient rounded
+   to ``fmt``, multiplied by ``q(1/N)`` (1/N in float32, then rounded to ``fmt``; the product
+   exact in float32 for formats of at most 11 significant bits, as half's is) and rounded
+   again. For N not a power of two ``q(1/N) != 1/N``: every average is off by that factor's
+   rounding (fp16 with N = 3: 0.33325195 instead of 1/3).
 2. ``aps``: every value is multiplied by ``2**s``, one shift per parameter,
    ``s = top - ceil(log2(max|v| * N))`` with the max over all workers (CPD's
    auto precision scaling; the max is what CPD all-reduces with MAX), so the
@@ -99,7 +107,7 @@ from .orders import NcclOptions, channel_parts, element_bytes, gloo_chunks, nccl
 ORDERS = ("param-ring", "sequential", "gloo", "nccl-ring", "nccl-tree")
 ORDER_ALIASES = {"ring": "param-ring"}  # the per-parameter ring's name before the libraries' orders came
 LIBRARY_ORDERS = ("gloo", "nccl-ring", "nccl-tree")  # on the flat buffer, as the library cuts it
-DIVIDE = ("before", "after", "cast-first")
+DIVIDE = ("before", "after", "cast-first", "nccl-avg")
 
 
 def check_grad_format(fmt: Optional[Format], shapes=()) -> None:
@@ -211,11 +219,7 @@ class RoundedReduce:
             raise ValueError(f"a reduction needs at least one worker (a stack [N, ...] with N >= 1), got a stack "
                              f"of shape {list(stack.shape)}")
         with torch.autocast(stack.device.type, enabled=False):
-            v = stack.float()
-            if self.average and self.divide == "before":
-                v = v / n
-            elif self.average and self.divide == "cast-first":  # fp16_compress_hook: q(q(g) / N)
-                v = self._q_workers(v) / n
+            v = self._pre_divide(stack.float())
             s = aps_shift(v, self.fmt) if self.aps else 0
             v = _shift_up(v, s)
             overflow.check("reduce", v, self.fmt)  # a loss scaler watching sees a worker's gradient overflow
@@ -225,6 +229,18 @@ class RoundedReduce:
             if self.average and self.divide == "after":
                 total = total / n
         return total
+
+    def _pre_divide(self, v: torch.Tensor) -> torch.Tensor:
+        """Step 1 of the module docstring: the mean's division before the sum (none for ``after``)."""
+        n = v.shape[0]
+        if not self.average or self.divide == "after":
+            return v
+        if self.divide == "before":
+            return v / n
+        if self.divide == "cast-first":  # fp16_compress_hook: q(q(g) / N)
+            return self._q_workers(v) / n
+        inv = self._q(torch.tensor(1.0 / n, dtype=torch.float32, device=v.device))  # NCCL: q(float(1.0 / N))
+        return self._q_workers(self._q_workers(v) * inv)
 
     def _ordered(self, terms: torch.Tensor) -> list[torch.Tensor]:
         """The N addends in the order they are added: step k holds, per element,
@@ -262,11 +278,7 @@ class RoundedReduce:
             return self(stack)
         n = stack.shape[0]
         with torch.autocast(stack.device.type, enabled=False):
-            v = stack.float()
-            if self.average and self.divide == "before":
-                v = v / n
-            elif self.average and self.divide == "cast-first":
-                v = self._q_workers(v) / n
+            v = self._pre_divide(stack.float())
             shifts, parts, off = [], [], 0
             for k in sizes:
                 s = aps_shift(v[:, off:off + k], self.fmt)
