@@ -42,12 +42,12 @@ def reduce_flat(reduce: RoundedReduce, stack: torch.Tensor, shapes: list[torch.S
     """Reduce gathered flat buckets ``stack`` ([N, numel]) parameter by parameter into
     ``out`` ([numel]); the parameters lie in ``stack`` one after another with ``shapes``. A
     library's order (``gloo``, ``nccl-*``) reduces the bucket's flat buffer at once, as the library
-    does, with APS still shifting each parameter by its own exponent (``RoundedReduce.reduce_buffer``)."""
+    does, with APS still shifting each parameter by its own exponent (``RoundedReduce(stack, sizes)``)."""
     if reduce.order in LIBRARY_ORDERS:
         if sum(s.numel() for s in shapes) != out.numel():
             raise RuntimeError(f"bucket holds {out.numel()} gradient elements, its parameters "
                                f"{sum(s.numel() for s in shapes)}")
-        return out.copy_(reduce.reduce_buffer(stack, [s.numel() for s in shapes]))
+        return out.copy_(reduce(stack, [s.numel() for s in shapes]))
     off = 0
     for shape in shapes:
         n = shape.numel()

@@ -89,7 +89,6 @@ call on the gathered gradients.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -164,6 +163,19 @@ def _shift_up(x: torch.Tensor, s: int) -> torch.Tensor:
     return x
 
 
+def _segments(v: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """The parameters of a flat buffer (``v``: [N, ...] seen flat per row), one after another."""
+    return list(torch.split(v.reshape(v.shape[0], -1), sizes, dim=1))
+
+
+def _shift_segments(v: torch.Tensor, sizes: list[int], shifts: list[int]) -> torch.Tensor:
+    """``v`` with each segment of its flat rows times ``2**shift`` (``_shift_up``), in ``v``'s shape."""
+    if not any(shifts):
+        return v
+    parts = [_shift_up(p, s) for p, s in zip(_segments(v, sizes), shifts)]
+    return torch.cat(parts, 1).reshape(v.shape)
+
+
 def aps_shift(stack: torch.Tensor, fmt: Optional[Format]) -> int:
     """The APS exponent shift of one parameter (0 for all-zero or non-finite gradients)."""
     amax = stack.abs().max().double().item() if stack.numel() else 0.0
@@ -212,20 +224,26 @@ class RoundedReduce:
             return self._q(stack)
         return torch.stack([self._q(row) for row in stack.unbind(0)])
 
-    def __call__(self, stack: torch.Tensor) -> torch.Tensor:
-        """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``."""
+    def __call__(self, stack: torch.Tensor, sizes: Optional[list[int]] = None) -> torch.Tensor:
+        """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``. ``sizes``: the
+        stack is a flat buffer ([N, sum(sizes)]) of parameters one after another, reduced at once in a
+        library's order as the library adds it, while APS shifts each parameter by its own exponent
+        (it scales a tensor before the transport, as CPD does), not the buffer by one."""
         n = stack.shape[0]
         if n < 1:
             raise ValueError(f"a reduction needs at least one worker (a stack [N, ...] with N >= 1), got a stack "
                              f"of shape {list(stack.shape)}")
+        if sizes is not None and (stack.dim() != 2 or sum(sizes) != stack.shape[1]):
+            raise ValueError(f"sizes {list(sizes)} do not cut a flat buffer of shape {list(stack.shape)}")
         with torch.autocast(stack.device.type, enabled=False):
             v = self._pre_divide(stack.float())
-            s = aps_shift(v, self.fmt) if self.aps else 0
-            v = _shift_up(v, s)
+            cuts = sizes if sizes is not None else [v[0].numel()]
+            shifts = [aps_shift(part, self.fmt) if self.aps else 0 for part in _segments(v, cuts)]
+            v = _shift_segments(v, cuts, shifts)
             overflow.check("reduce", v, self.fmt)  # a loss scaler watching sees a worker's gradient overflow
             terms = self._q_workers(v)
             total = self._tree_sum(terms) if self.order == "nccl-tree" else self._sum(self._ordered(terms))
-            total = _shift_up(total, -s)
+            total = _shift_segments(total[None], cuts, [-x for x in shifts])[0]
             if self.average and self.divide == "after":
                 total = total / n
         return total
@@ -268,30 +286,6 @@ class RoundedReduce:
             pick = t[(owner + k) % n, rows]  # row r of worker (owner(r) + k) mod N
             out.append(pick.reshape(shape))
         return out
-
-    def reduce_buffer(self, stack: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-        """A flat buffer ([N, sum(sizes)]: parameters of ``sizes`` one after another) reduced in a
-        library's order over the whole buffer, as the library adds it; APS still shifts each
-        parameter by its own exponent (it scales a tensor before the transport, as CPD does), not the
-        buffer by one."""
-        if not self.aps:
-            return self(stack)
-        n = stack.shape[0]
-        with torch.autocast(stack.device.type, enabled=False):
-            v = self._pre_divide(stack.float())
-            shifts, parts, off = [], [], 0
-            for k in sizes:
-                s = aps_shift(v[:, off:off + k], self.fmt)
-                shifts.append(s)
-                parts.append(_shift_up(v[:, off:off + k], s))
-                off += k
-            total = dataclasses.replace(self, aps=False, average=False)(torch.cat(parts, 1))
-            out, off = [], 0
-            for k, s in zip(sizes, shifts):
-                out.append(_shift_up(total[off:off + k], -s))
-                off += k
-            out = torch.cat(out)
-            return out / n if self.average and self.divide == "after" else out
 
     def _tree_sum(self, terms: torch.Tensor) -> torch.Tensor:
         """NCCL's tree: each element summed along its channel's tree (``orders.nccl_tree``), every
