@@ -80,3 +80,17 @@ def test_the_checker_sees_upward_and_function_level_imports():
     src = "from ..cli import main\nimport bfp.formats\n\ndef f():\n    from ..conversion import convert\n"
     assert list(bfp_imports("bfp.engine.probe", False, src)) == [
         ("bfp.cli", 1, False), ("bfp.formats", 2, False), ("bfp.conversion", 5, True)]
+
+
+def test_no_two_modules_import_each_other():
+    """A module and one it imports (at the top or inside a function) never import each other back:
+    what both need lives in a third module below them (e.g. bfp/kernels/nvfp4_codes.py)."""
+    names = {module_name(p): p for p in MODULES}
+    edges = {}
+    for name, path in names.items():
+        targets = {t for t, _, _ in bfp_imports(name, path.name == "__init__.py", path.read_text(encoding="utf-8"))}
+        # "from .x import y" names module x, or a package's submodule y: keep what is a module here
+        edges[name] = {t for t in targets if t in names and t != name}
+    pairs = sorted({tuple(sorted((a, b))) for a, ts in edges.items() for b in ts if a in edges.get(b, ())
+                    and not (a.startswith(b + ".") or b.startswith(a + "."))})
+    assert not pairs, f"modules that import each other: {pairs}"

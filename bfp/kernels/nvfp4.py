@@ -11,34 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..formats import Encoding, Float, Rounding
 from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
+from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale
 from .plan import MODE, rule_for
 from .reference import quantize_bits, tile_max
 from .scalar import EXP_INF, MAG
 
-E4M3 = Float(4, 3, encoding=Encoding.FN)
-E2M1 = {r: Float(2, 1, r, encoding=Encoding.FINITE) for r in (Rounding.NEAREST, Rounding.STOCHASTIC)}
-PTS_DIV = np.float32(E4M3_MAX * E2M1_MAX)  # 2688: the tensor scale puts the largest block scale at 448
-PTS_MIN = np.float32(2.0 ** -149)
-CHUNK = 1024  # blocks per step of the CPU kernels' parallel loops
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32).long()
-
-
-def _float(b: torch.Tensor) -> torch.Tensor:
-    return b.to(torch.int32).view(torch.float32)
-
-
-def tensor_scale(amax_bits: int, fmt: NVFP4) -> np.float32:
-    """``pts`` from the tensor's largest finite magnitude (its float32 bits)."""
-    if not fmt.tensor_scale:
-        return np.float32(1.0)
-    amax = np.array([amax_bits], np.int32).view(np.float32)[0]
-    return max(np.float32(amax / PTS_DIV), PTS_MIN)
 
 
 def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from numba import njit, prange
 
 from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .cpu import _elem, _rand32, _tile_consts, specialise
-from .nvfp4 import CHUNK, E2M1, tensor_scale
+from .nvfp4_codes import CHUNK, E2M1, tensor_scale
 from .pages import advise
 from .plan import MODE, rule_for
 from .scalar import EXP_INF, MAG, QNAN

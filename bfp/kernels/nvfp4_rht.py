@@ -19,7 +19,7 @@ from numba import prange
 from ..nvfp4 import NVFP4
 from .cpu import _rand32, _tile_consts, specialise
 from .hadamard_cpu import load_transformed, work_items
-from .nvfp4 import E2M1, tensor_scale
+from .nvfp4_codes import E2M1, tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
 from .pages import advise
 from .plan import MODE

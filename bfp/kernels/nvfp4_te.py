@@ -26,23 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import Encoding, Float, Rounding
 from ..nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
+from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float
 from .plan import rule_for
 from .reference import quantize_bits, tile_max
 from .scalar import MAG
 
 FLT_MAX = torch.finfo(torch.float32).max
-E4M3 = Float(4, 3, encoding=Encoding.FN)
-E2M1 = {r: Float(2, 1, r, encoding=Encoding.FINITE) for r in (Rounding.NEAREST, Rounding.STOCHASTIC)}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32).long()
-
-
-def _float(b: torch.Tensor) -> torch.Tensor:
-    return b.to(torch.int32).view(torch.float32)
 
 
 def _fp32(v: float, like: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,37 @@
+"""What the NVFP4 kernels share (``nvfp4``, bfpsim's convention, its CPU/CUDA/RHT kernels, and
+``nvfp4_te``, TransformerEngine's): the element and scale formats as ``Float`` rules, float32 <->
+bit-pattern views, the tensor scale, the CPU kernels' block chunk. They import this module and
+not each other."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..formats import Encoding, Float, Rounding
+from ..nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
+
+E4M3 = Float(4, 3, encoding=Encoding.FN)  # the block scale
+E2M1 = {r: Float(2, 1, r, encoding=Encoding.FINITE) for r in (Rounding.NEAREST, Rounding.STOCHASTIC)}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """float32 ``t`` as its bit patterns (int64)."""
+    return t.contiguous().view(torch.int32).long()
+
+
+def floats(b: torch.Tensor) -> torch.Tensor:
+    """Bit patterns back to float32."""
+    return b.to(torch.int32).view(torch.float32)
+
+
+PTS_DIV = np.float32(E4M3_MAX * E2M1_MAX)  # 2688: the tensor scale puts the largest block scale at 448
+PTS_MIN = np.float32(2.0 ** -149)
+CHUNK = 1024  # blocks per step of the CPU kernels' parallel loops
+
+
+def tensor_scale(amax_bits: int, fmt: NVFP4) -> np.float32:
+    """``pts`` from the tensor's largest finite magnitude (its float32 bits)."""
+    if not fmt.tensor_scale:
+        return np.float32(1.0)
+    amax = np.array([amax_bits], np.int32).view(np.float32)[0]
+    return max(np.float32(amax / PTS_DIV), PTS_MIN)
