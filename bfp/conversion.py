@@ -34,20 +34,15 @@ from .precision import POINTS, LayerPrecision
 __all__ = ["convert", "trace_model", "conversion_report", "precision_state", "load_precision_state",
            "generate_config", "convertible_layers"]
 
-# Q class -> the type name configs use, from bfp.layers' one list (float class -> Q class).
-_Q_TYPE_NAME = {q: f.__name__ for f, q in L.CONVERTIBLE.items()}
 _TRACE = "_bfp_trace"  # the model's GemmTrace, kept for later conversions (schedules, checkpoints)
 COVERAGE = "bfp_coverage"  # the last conversion's Coverage (bfp.coverage)
 
 
-def _type_name(module: nn.Module) -> Optional[str]:
-    """The config type name of a convertible module (``Conv2d`` for both ``nn.Conv2d`` and
-    ``QConv2d``, ``Linear`` for a transformers ``Conv1D``), or ``None`` if it is not convertible."""
-    return type_name_of(module)
+_type_name = type_name_of  # the config type name of a convertible or converted module, or None
 
 
 def _is_quantized(module: nn.Module) -> bool:
-    return isinstance(module, tuple(_Q_TYPE_NAME))
+    return isinstance(module, tuple(L.CONVERTIBLE.values()))
 
 
 def convertible_layers(model: nn.Module) -> dict[str, str]:
