@@ -6,7 +6,7 @@ backend on float16 and bfloat16 CPU tensors; rank 0 saves every result to OUT/re
                                           fp16_compress_hook and of its twin with bfpsim's hook
                                           (gloo order, float16 transport, divide cast-first);
                                           rank 0 saves both models' parameters after each step
-    python tests/_gloo_worker.py OUT buckets  3 steps of bfpsim's DDPStep (gloo order, e4m3, small
+    python tests/_gloo_worker.py OUT buckets [ORDER]  3 steps of bfpsim's DDPStep (gloo order, e4m3, small
                                           buckets); rank 0 saves the buckets DDP handed the hook
                                           and the parameters after each step
 """
@@ -53,7 +53,7 @@ def ddp_steps(out: Path) -> None:
         torch.save(steps, out / "ddp.pt")
 
 
-def bucket_case(rank: int):
+def bucket_case(rank: int, order: str = "gloo"):
     """The model, its inputs on ``rank`` (3 steps) and the reduction of the bucket test."""
     import torch.nn as nn
     from bfp.distributed.reduce import RoundedReduce
@@ -62,15 +62,15 @@ def bucket_case(rank: int):
     model = nn.Sequential(nn.Linear(20, 40), nn.Tanh(), nn.Linear(40, 30), nn.Tanh(), nn.Linear(30, 5))
     g = torch.Generator().manual_seed(100 + rank)
     batches = [(torch.randn(6, 20, generator=g), torch.randint(0, 5, (6,), generator=g)) for _ in range(3)]
-    return model, batches, RoundedReduce(Float(4, 3), order="gloo"), 0.004
+    return model, batches, RoundedReduce(Float(4, 3), order=order), 0.004
 
 
-def ddp_buckets_run(out: Path) -> None:
+def ddp_buckets_run(out: Path, order: str = "gloo") -> None:
     from bfp.amp import MixedPrecision
     from bfp.distributed import hook
     from bfp.distributed.ddp import DDPStep
     rank = dist.get_rank()
-    model, batches, reduce, cap = bucket_case(rank)
+    model, batches, reduce, cap = bucket_case(rank, order)
     index = {id(p): i for i, p in enumerate(model.parameters())}
     seen = []
     real_hook = hook.rounded_allreduce_hook
@@ -98,8 +98,8 @@ def main() -> int:
     # a file store in OUT: no port to race for with other tests
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=int(os.environ["RANK"]),
                             world_size=int(os.environ["WORLD_SIZE"]))
-    if sys.argv[2:] in (["ddp"], ["buckets"]):
-        (ddp_steps if sys.argv[2] == "ddp" else ddp_buckets_run)(out)
+    if sys.argv[2:3] in (["ddp"], ["buckets"]):
+        ddp_steps(out) if sys.argv[2] == "ddp" else ddp_buckets_run(out, *sys.argv[3:4])
         dist.destroy_process_group()
         return 0
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -96,6 +96,28 @@ def test_aps_shifts_each_parameter_of_a_flat_buffer_by_its_own_exponent():
     assert (red(stack)[:6] == 0).all()  # one shift for the whole buffer: the tiny parameter is lost
 
 
+@pytest.mark.parametrize("order", ["nccl-ring", "nccl-tree", "sequential", "param-ring"])
+def test_emulated_workers_equal_ddp_processes_for_every_order(tmp_path, order):
+    """As below for the other orders: one process emulating 3 workers equals 3 gloo processes
+    under DDP with bfpsim's hook, bit for bit, over 3 steps (rebuilt buckets included)."""
+    import torch.nn.functional as F
+    from _gloo_worker import bucket_case
+    from bfp.amp import MixedPrecision
+    from bfp.distributed.emulated import EmulatedStep
+    _launch(3, tmp_path, "buckets", order)
+    real = torch.load(tmp_path / "buckets.pt")
+    model, _, reduce, cap = bucket_case(0, order)
+    per_rank = [bucket_case(r, order)[1] for r in range(3)]
+    step = EmulatedStep(3, reduce, bucket_cap_mb=cap)
+    opt, amp = torch.optim.SGD(model.parameters(), lr=0.1), MixedPrecision()
+    for k in range(3):
+        x = torch.cat([per_rank[r][k][0] for r in range(3)])
+        y = torch.cat([per_rank[r][k][1] for r in range(3)])
+        step(model, x, y, criterion=F.cross_entropy, optimizer=opt, amp=amp)
+        for a, b in zip(model.parameters(), real["params"][k]):
+            assert torch.equal(a.detach(), b), (order, k)
+
+
 def test_emulated_workers_reduce_in_ddps_real_buckets_bit_for_bit(tmp_path, monkeypatch):
     """3 gloo processes under DDP (bfpsim's hook, gloo order, e4m3, 4 KiB buckets) against one
     process emulating the 3 workers: the same buckets at every step (one in parameters() order,
