@@ -52,7 +52,8 @@ from typing import Optional
 import torch
 from numba import config as numba_config
 
-from .kernels.fused import ZERO_EXP, float32_exact, fused_chain as _cpu_chain, operand_exponents
+from .kernels.fused import (ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_chain32,
+                           operand_exponents)
 from .precision import FusedAccumulator
 
 __all__ = ["FusedAccumulator", "fused_matmul", "accumulator_from_name", "FUSED_PRESETS"]
@@ -112,7 +113,13 @@ class _Kernel:
         self.dt = torch.float32 if self.narrow else torch.float64
         self.a, self.b = a.to(self.dt), b.to(self.dt)
         emin_a, emin_b = acc.emins()
-        self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
+        if self.narrow:  # from the exponent bits, in Numba
+            self.a, self.b = self.a.contiguous(), self.b.contiguous()
+            self.ea, self.eb = (torch.empty(x.shape, dtype=torch.int32) for x in (self.a, self.b))
+            exponents32(self.a.numpy(), emin_a, self.ea.numpy())
+            exponents32(self.b.numpy(), emin_b, self.eb.numpy())
+        else:
+            self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
         # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
         self.skip = self.narrow or bool(torch.isfinite(self.b).all())
         self.params = (acc.terms, acc.align_emin, acc.align_bits, acc.align_rounding == "nearest", acc.sum_bits,
@@ -122,17 +129,22 @@ class _Kernel:
     def chain(self, s: int, e: int, width: int) -> torch.Tensor:
         """One chain over K elements ``s:e``, zero-padded to ``width``; float32 result."""
         m, n = self.a.shape[0], self.b.shape[1]
-        pa, pb = self.a.new_zeros(m, width), self.b.new_zeros(width, n)
-        pea, peb = self.ea.new_full((m, width), ZERO_EXP), self.eb.new_full((width, n), ZERO_EXP)
-        pa[:, :e - s], pb[:e - s], pea[:, :e - s], peb[:e - s] = (self.a[:, s:e], self.b[s:e], self.ea[:, s:e],
-                                                                  self.eb[s:e])
+        if width == e - s:  # whole steps: the kernels read the operands in place
+            pa, pb, pea, peb = self.a[:, s:e], self.b[s:e], self.ea[:, s:e], self.eb[s:e]
+        else:  # zero padding to whole steps
+            pa, pb = self.a.new_zeros(m, width), self.b.new_zeros(width, n)
+            pea, peb = self.ea.new_full((m, width), ZERO_EXP), self.eb.new_full((width, n), ZERO_EXP)
+            pa[:, :e - s], pb[:e - s], pea[:, :e - s], peb[:e - s] = (self.a[:, s:e], self.b[s:e],
+                                                                      self.ea[:, s:e], self.eb[s:e])
         out = pa.new_empty(m, n)
         if self.device:
             from .kernels.fused_cuda import fused_chain as on_device
-            on_device(pa, pb, pea, peb, out, *self.params)
+            on_device(*(x.contiguous() for x in (pa, pb, pea, peb)), out, *self.params)
+        elif self.narrow:
+            p = self.params
+            fused_chain32(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *p[:7], self.skip)
         else:
-            _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip,
-                       126 if self.narrow else 2000)
+            _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip, 2000)
         return out.float()  # a chain's result fits float32
 
 

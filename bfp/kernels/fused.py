@@ -13,7 +13,8 @@ in any order. The step's result is cut to ``sum_bits`` relative to its own expon
 The same code runs on float32 arrays where that is exact (``float32_exact``): FP8-range operands,
 whose products are exact in float32 and, scaled, below ``2**(align_bits + 2)``, so a step's sum
 stays below ``2**24``; the accumulator in the alignment (a float32 ``v + c`` would round once
-more); ``align_bits <= 16`` and ``sum_bits <= 22``. A step whose products are all zero, with a
+more); product exponents from the operands; ``align_bits <= 16`` and ``sum_bits <= 22``. That
+case runs ``fused_chain32``, whose per-output work is vectorised as well. A step whose products are all zero, with a
 zero accumulator, would then scale by more than float32 holds: ``scale_cap`` (126) caps that
 power of two, which changes nothing there (its terms are zero). Twice the lanes of float64.
 
@@ -45,7 +46,8 @@ def operand_exponents(x: torch.Tensor, emin: int) -> torch.Tensor:
 
 def float32_exact(a: torch.Tensor, b: torch.Tensor, acc) -> bool:
     """Whether ``fused_chain`` on float32 copies equals the float64 run (module docstring)."""
-    if not (acc.accumulator_in_alignment and acc.align_bits <= 16 and acc.sum_bits <= 22):
+    if not (acc.accumulator_in_alignment and acc.product_exponent == "operands" and acc.align_bits <= 16
+            and acc.sum_bits <= 22):
         return False
     return all(_in_range(x.detach().cpu().contiguous().numpy().reshape(-1), 2.0 ** -24, 2.0 ** 24) for x in (a, b))
 
@@ -127,3 +129,81 @@ def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, su
                 c[j] = 0.0 if v == 0.0 else v  # +0, never -0
         for j in range(n):
             out[i, j] = c[j]
+
+
+@njit(cache=True, parallel=True)
+def fused_chain32(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, sum_bits, sum_emin, sum_near,
+                  skip_zeros):
+    """``fused_chain`` for float32 operands where ``float32_exact`` holds (accumulator aligned,
+    product exponents from the operands): every per-output step in vectorisable passes, powers of
+    two built from their exponent bits and exponents read from them (``c`` and a step's sum are
+    normal float32 numbers or zero there), so no libm call runs per output."""
+    m, k = a.shape
+    n = b.shape[1]
+    for i in prange(m):
+        c = np.zeros(n, dtype=np.float32)
+        top = np.empty(n, dtype=np.int32)
+        sbits = np.empty(n, dtype=np.int32)
+        ibits = np.empty(n, dtype=np.int32)
+        s = np.empty(n, dtype=np.float32)
+        scale = sbits.view(np.float32)
+        inv = ibits.view(np.float32)
+        cb = c.view(np.int32)
+        sb = s.view(np.int32)
+        for g in range(0, k, terms):
+            for j in range(n):  # the accumulator's exponent joins the alignment
+                ec = ((cb[j] >> 23) & 0xFF) - 127
+                top[j] = ec if c[j] != 0.0 else ZERO_EXP
+            for t in range(g, g + terms):
+                ai = a[i, t]
+                if ai == 0.0 and skip_zeros:
+                    continue
+                eai = ea[i, t]
+                for j in range(n):
+                    e = eai + eb[t, j]
+                    top[j] = e if e > top[j] else top[j]
+            for j in range(n):
+                tj = top[j] if top[j] > align_emin else np.int32(align_emin)
+                x = align_bits - tj
+                x = x if x < 126 else 126  # an all-zero step: any scale serves
+                sbits[j] = (127 + x) << 23
+                ibits[j] = (127 - x) << 23
+                s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
+            for t in range(g, g + terms):
+                ai = a[i, t]
+                if ai == 0.0 and skip_zeros:
+                    continue
+                if align_near:
+                    for j in range(n):
+                        s[j] += np.rint(ai * b[t, j] * scale[j])
+                else:
+                    for j in range(n):
+                        s[j] += np.trunc(ai * b[t, j] * scale[j])
+            for j in range(n):
+                s[j] = s[j] * inv[j]  # the step's exact sum, a normal float32 or zero
+            for j in range(n):
+                ev = ((sb[j] >> 23) & 0xFF) - 127
+                ev = ev if ev > sum_emin else np.int32(sum_emin)
+                x = sum_bits - ev
+                x = x if x < 126 else 126
+                sbits[j] = (127 + x) << 23
+                ibits[j] = (127 - x) << 23
+            for j in range(n):
+                y = s[j] * scale[j]
+                y = np.rint(y) if sum_near else np.trunc(y)
+                v = y * inv[j]
+                c[j] = v if v != 0.0 else np.float32(0.0)  # +0, never -0
+        for j in range(n):
+            out[i, j] = c[j]
+
+
+@njit(cache=True, parallel=True)
+def exponents32(x, emin, out):
+    """``operand_exponents`` of normal float32 values or zeros (``float32_exact``'s range), from
+    their exponent bits: ``out`` (int32, ``x``'s shape, both 2-D contiguous)."""
+    xb = x.view(np.int32)
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            e = ((xb[i, j] >> 23) & 0xFF) - 127
+            e = e if e > emin else np.int32(emin)
+            out[i, j] = e if x[i, j] != 0.0 else ZERO_EXP
