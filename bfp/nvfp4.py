@@ -71,9 +71,11 @@ class NVFP4(Format):
             raise ValueError(f"NVFP4 tensor_scale must be True or False, got {self.tensor_scale!r}")
         if self.convention not in CONVENTIONS:
             raise ValueError(f"NVFP4 convention {self.convention!r}: allowed {', '.join(CONVENTIONS)}")
-        if self.convention == "te" and (not self.tensor_scale or isinstance(self.block, tuple)):
-            raise ValueError("NVFP4 convention 'te' is TransformerEngine's 1-D recipe with its tensor scale: "
-                             "tensor_scale=False and 2-D blocks are not part of it")
+        if self.convention == "te" and (not self.tensor_scale or (isinstance(self.block, tuple)
+                                                                   and tuple(self.block) != (16, 16))):
+            raise ValueError("NVFP4 convention 'te' is TransformerEngine's recipe with its tensor scale: blocks "
+                             f"of 16 or 16 x 16 tiles (quant_tile_shape); tensor_scale=False and block "
+                             f"{self.block!r} are not part of it")
 
     def __repr__(self) -> str:
         extra = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"

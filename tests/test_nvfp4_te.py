@@ -92,5 +92,30 @@ def test_nan_stays_and_bad_settings_are_refused():
     assert torch.isnan(got[0, 0]) and torch.isfinite(got.flatten()[1:]).all()
     with pytest.raises(ValueError, match="convention 'nvidia': allowed bfpsim, te"):
         bfp.NVFP4(convention="nvidia")
-    with pytest.raises(ValueError, match="tensor_scale=False and 2-D blocks are not part of it"):
-        bfp.NVFP4(block=(16, 16), convention="te")
+    with pytest.raises(ValueError, match="tensor_scale=False and block \\(8, 8\\) are not part of it"):
+        bfp.NVFP4(block=(8, 8), convention="te")
+    with pytest.raises(ValueError, match="tensor_scale=False and block 16 are not part of it"):
+        bfp.NVFP4(tensor_scale=False, convention="te")
+
+
+def te_reference_2d(x):
+    """TE's quant_tile_shape (16, 16): x (m, n) float32, one block scale per 16 x 16 tile."""
+    m, n = x.shape
+    tiles = x.view(m // 16, 16, n // 16, 16).permute(0, 2, 1, 3).reshape(m // 16, n // 16, 256)
+    amax = x.abs().amax()
+    s_enc = torch.min(torch.tensor(448.0 * 6.0) / amax, FLT_MAX)
+    s_enc = torch.tensor(1.0) if s_enc == 0 else s_enc
+    s_dec = torch.tensor(1.0) / s_enc
+    sb = torch.min(tiles.abs().amax(-1, keepdim=True) * (s_enc * torch.reciprocal(torch.tensor(6.0))), FLT_MAX)
+    sb = sb.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(torch.float32)
+    enc = torch.min(torch.tensor(1.0) / (sb * s_dec), FLT_MAX)
+    q = te_e2m1((tiles * enc).clamp(-6.0, 6.0)) * sb * s_dec
+    return q.reshape(m // 16, n // 16, 16, 16).permute(0, 2, 1, 3).reshape(m, n)
+
+
+@pytest.mark.parametrize("name", ["random", "outlier", "huge"])
+def test_16x16_tiles_equal_transformer_engines_2d_reference(name):
+    x = _cases()["random"] * 1e37 if name == "huge" else _cases()[name]
+    got = bfp.quantize(x, bfp.NVFP4(block=(16, 16), convention="te"))
+    assert torch.equal(got, te_reference_2d(x)), f"{(got != te_reference_2d(x)).sum()} differ"
+    assert not torch.equal(got, bfp.quantize(x, bfp.format_from_name("nvfp4_te")))  # 1 x 16 blocks differ

@@ -42,6 +42,14 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     return torch.where(finite.view(xm.shape), q * ts, q)
 
 
+def _tile(x32: torch.Tensor, axis: int, block: tuple) -> list[int]:
+    """A 2-D block's extent over every axis of ``x32``, its last axis on ``axis``."""
+    tile = [1] * x32.dim()
+    for k, b in enumerate(reversed(block)):
+        tile[axis - k] = b
+    return tile
+
+
 def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     """NVFP4 of float32 ``x32`` (a new tensor); ``backend`` "cpu" runs the Numba kernel on CPU
     tensors, "cuda" the Numba CUDA kernels (``nvfp4_cuda``; 1-D blocks), "reference" the PyTorch
@@ -49,21 +57,21 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
+    if isinstance(fmt.block, tuple) and axis - len(fmt.block) + 1 < 0:
+        raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
+                         f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
     if fmt.convention == "te":  # TransformerEngine's order of operations (PyTorch on every device)
+        if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
+            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block))
         xm = x32.reshape(1) if x32.dim() == 0 else x32
         return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys).movedim(-1, axis).reshape(x32.shape)
     if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
-        if axis - len(fmt.block) + 1 < 0:
-            raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
-                             f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
         if backend == "cpu" and not x32.is_cuda:
             from . import nvfp4_cpu  # Numba loads on first use
             out = nvfp4_cpu.quantize(x32.contiguous(), axis, fmt, keys)
             if out is not None:
                 return out
-        tile = [1] * x32.dim()
-        for k, b in enumerate(reversed(fmt.block)):
-            tile[axis - k] = b
+        tile = _tile(x32, axis, fmt.block)
         return reference(x32.contiguous(), fmt, keys, tuple(tile))
     xm = x32.reshape(1) if x32.dim() == 0 else x32
     if backend == "cpu" and not xm.is_cuda:  # any axis in place: no transposing copy

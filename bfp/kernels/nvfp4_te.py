@@ -6,7 +6,8 @@ which mirrors ``core_nvfp4.cuh``), each step a float32 operation rounded to near
 1. ``amax``: the largest magnitude of the tensor (NaN ignored; an Inf counts: TE's amax kernel
    sees it). ``S_enc = min(fp32(448 * 6) / amax, FLT_MAX)``: amax 0 gives FLT_MAX; an ``S_enc``
    of 0 (an infinite amax) is replaced by 1. ``S_dec = 1 / S_enc``.
-2. per block of 16 along ``axis``: ``sb = min(amax_b * (S_enc * fp32(1/6)), FLT_MAX)``, clamped
+2. per block of 16 along ``axis`` (or per 16 x 16 tile, TE's 2-D weight quantization,
+   ``quant_tile_shape=(16, 16)``, ``NVFP4(block=(16, 16), convention="te")``): ``sb = min(amax_b * (S_enc * fp32(1/6)), FLT_MAX)``, clamped
    to +-448, rounded to E4M3 (nearest even; *no lower clamp*: subnormal and zero block scales
    occur, unlike bfpsim's ``nvfp4``, whose block scales are clamped up to 2^-6).
 3. each element: ``e2m1(clamp(x * min(1 / (fp32(sb) * S_dec), FLT_MAX), -6, 6))``: a multiply by a
@@ -45,8 +46,10 @@ def encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(s == 0, _fp32(1.0, amax), s)
 
 
-def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys) -> torch.Tensor:
-    """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous."""
+def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
+    """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous; ``tile``:
+    the block's shape over ``xm`` (TE's ``quant_tile_shape`` (16, 16) for weights; default
+    ``fmt.block`` along the last axis, TE's (1, 16))."""
     mag = xm.abs()
     real = ~torch.isnan(xm)
     amax = torch.where(real, mag, torch.zeros_like(mag)).amax() if xm.numel() else _fp32(0.0, xm)
@@ -54,7 +57,7 @@ def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys) -> torch.Tensor:
     s_dec = _fp32(1.0, xm) / s_enc
     mult = s_enc * _fp32(1.0, xm).div(_fp32(E2M1_MAX, xm))  # S_enc * fp32(1/6)
     m = _bits(torch.where(real, mag, torch.zeros_like(mag))) & MAG
-    vec_max = _float(tile_max(m, (1,) * (xm.dim() - 1) + (fmt.block,)))
+    vec_max = _float(tile_max(m, tuple(tile) if tile is not None else (1,) * (xm.dim() - 1) + (fmt.block,)))
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
     sb8 = _float(quantize_bits(_bits(sb), rule_for(E4M3), None, keys))
     enc = torch.minimum(_fp32(1.0, xm) / (sb8 * s_dec), _fp32(FLT_MAX, xm))
