@@ -30,14 +30,13 @@ def _rank(rank: int, port: int, *flags) -> subprocess.Popen:
 
 def test_an_unreachable_rank_0_ends_with_the_address_after_the_timeout():
     port = _free_port()
-    t = time.monotonic()
     p = _rank(1, port, "--training-epochs", "1", "--dist-timeout", "8")
     out, _ = p.communicate(timeout=120)
-    took = time.monotonic() - t
     assert p.returncode == 2, out
     assert f"rank 1: nothing answered at 127.0.0.1:{port} within 8 s (--dist-timeout)" in out
+    # no store retries past the timeout: the group's own wait note (every 10 s) never printed; no
+    # wall-clock bound here (starting Python and torch on a loaded machine took 12 s once)
     assert "Traceback" not in out and "frame #" not in out and "waiting 10 s" not in out
-    assert took < 8 + 8, took  # the timeout, plus starting Python and torch (no store retries past it)
 
 
 def test_an_unresolvable_rank_0_host_is_named_at_once():
