@@ -96,11 +96,35 @@ def _int_in(value, lo: int, hi: int, what: str) -> int:
 
 
 class Format:
-    """Base class of all formats (for ``isinstance`` checks and serialisation)."""
+    """Base class of all formats. The layers above ask a format what they need to know instead of
+    checking its class (the defaults here are a block format's; each family overrides them):
+
+    * ``elementwise``: every value rounds on its own, so a stack of tensors rounds in one call as
+      each tensor alone (``Float``);
+    * ``chunkable``: a run of whole tiles rounds as it would inside the whole tensor (no
+      tensor-wide scale: ``NVFP4`` and ``Scaled`` are not);
+    * ``transport_bytes()``: bytes of one element on a flat wire (a collective's buffer), None
+      when the format's tiles cannot ride a flat cut;
+    * ``aps_top()``: the exponent APS shifts the largest sum to (``Float``: ``emax``; block formats:
+      0, shift-invariant up to their scale range);
+    * ``tile_rows(shape)``: the extent along axis 0 of one tile on a tensor of ``shape``.
+    """
+
+    elementwise = False
+    chunkable = True
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict that ``format_from_dict`` turns back into ``self``."""
         raise NotImplementedError
+
+    def transport_bytes(self) -> Optional[int]:
+        return None
+
+    def aps_top(self) -> int:
+        return 0
+
+    def tile_rows(self, shape: tuple[int, ...]) -> int:
+        return 1
 
 
 @dataclass(frozen=True)
@@ -165,6 +189,16 @@ class Float(Format):
         """Exponent of the largest finite number."""
         top = 2 ** self.exp - 1  # largest exponent code
         return (top - 1 if self.encoding is Encoding.IEEE else top) - self.bias
+
+    elementwise = True
+
+    def transport_bytes(self) -> Optional[int]:
+        """Storage of one element: 1 byte up to 8 bits, 2 up to 16, else 4."""
+        bits = 1 + self.exp + self.man
+        return 1 if bits <= 8 else 2 if bits <= 16 else 4
+
+    def aps_top(self) -> int:
+        return self.emax
 
     @property
     def max(self) -> float:
@@ -254,6 +288,9 @@ class BlockFloat(Format):
         """The tile shape used on a tensor of rank ``ndim``."""
         g = self.group[:ndim]
         return g + (1,) * (ndim - len(g))
+
+    def tile_rows(self, shape: tuple[int, ...]) -> int:
+        return self.group_for(len(shape))[0] if shape else 1
 
     def __repr__(self) -> str:
         return f"BlockFloat(bits={self.bits}, group={list(self.group)}, rounding={self.rounding})"

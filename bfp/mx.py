@@ -101,6 +101,24 @@ class MX(Format):
         or MXINT8's ``127 * 2**-6``."""
         return self.element.max if isinstance(self.element, Float) else 127 * 2.0 ** -6
 
+    def tile(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The block's extent over every axis of a tensor of ``shape`` (its last axis on ``axis``)."""
+        ndim = max(len(shape), 1)
+        axis = self.axis + ndim if self.axis < 0 else self.axis
+        if not 0 <= axis < ndim:
+            raise ValueError(f"MX axis {self.axis} is out of range for a tensor of shape {tuple(shape)}")
+        block = self.block if isinstance(self.block, tuple) else (self.block,)
+        if axis - len(block) + 1 < 0:
+            raise ValueError(f"MX block {'x'.join(map(str, block))} ending on axis {self.axis} needs {len(block)} "
+                             f"axes up to it; a tensor of shape {tuple(shape)} has {axis + 1}")
+        tile = [1] * ndim
+        for k, b in enumerate(reversed(block)):
+            tile[axis - k] = b
+        return tuple(tile)
+
+    def tile_rows(self, shape: tuple[int, ...]) -> int:
+        return self.tile(shape)[0] if shape else 1
+
     def __repr__(self) -> str:
         el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"
         rnd = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"

@@ -77,6 +77,15 @@ class NVFP4(Format):
                              f"of 16 or 16 x 16 tiles (quant_tile_shape); tensor_scale=False and block "
                              f"{self.block!r} are not part of it")
 
+    chunkable = False  # the tensor scale comes from the whole tensor
+
+    def tile_rows(self, shape: tuple[int, ...]) -> int:
+        if not shape:
+            return 1
+        block = self.block if isinstance(self.block, tuple) else (self.block,)
+        axis = self.axis % len(shape)
+        return block[len(block) - 1 - axis] if axis < len(block) else 1
+
     def __repr__(self) -> str:
         extra = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
         extra += "" if self.tensor_scale else ", tensor_scale=False"

@@ -78,6 +78,8 @@ class Scaled(Format):
     def rounding(self):
         return self.fmt.rounding
 
+    chunkable = False  # its scale comes from the whole tensor (or whole rows)
+
     def __repr__(self) -> str:
         where = "tensor" if self.granularity == "tensor" else f"row, axis={self.axis}"
         extra = (", pow2" if self.pow2 else "") + (f", history={self.history}" if self.history else "")

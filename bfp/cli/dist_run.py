@@ -35,7 +35,7 @@ from .flags import UsageError
 def backend_order(fmt: Optional[Format], device: torch.device) -> str:
     """``--grad-order auto``: the order the run's own backend adds in (gloo on CPU, NCCL's ring on
     CUDA); ``param-ring`` for a block gradient format (a library's flat cuts would split its tiles)."""
-    if fmt is not None and not isinstance(fmt, Float):
+    if fmt is not None and fmt.transport_bytes() is None:
         return "param-ring"
     return "nccl-ring" if device.type == "cuda" else "gloo"
 

@@ -53,7 +53,7 @@ from typing import Optional
 
 import torch
 
-from ..formats import Float, Format
+from ..formats import Format
 
 __all__ = ["GLOO_MAX_SEGMENT", "gloo_segments", "gloo_chunks", "gloo_order", "element_bytes", "NcclOptions",
            "NCCL_CHUNK_BYTES", "channel_parts", "nccl_ring_groups", "btree", "dtree", "nccl_tree"]
@@ -97,12 +97,11 @@ def element_bytes(fmt: Optional[Format]) -> int:
     (1, 2 or 4 bytes), 4 for float32 (``None``)."""
     if fmt is None:
         return 4
-    if not isinstance(fmt, Float):
+    if fmt.transport_bytes() is None:
         raise ValueError(f"a library's reduction order cuts a flat buffer of scalars; {fmt!r} is a block "
                          f"format, whose tiles the cuts would split (use a Float transport, or the "
-                         f"per-parameter order 'ring')")
-    bits = 1 + fmt.exp + fmt.man
-    return 1 if bits <= 8 else 2 if bits <= 16 else 4
+                         f"per-parameter order 'param-ring')")
+    return fmt.transport_bytes()
 
 
 def _round_up(a: int, b: int) -> int:

@@ -96,9 +96,7 @@ from typing import Optional
 import torch
 
 from .. import overflow
-from ..formats import BlockFloat, Float, Format, Rounding
-from ..mx import MX
-from ..nvfp4 import NVFP4
+from ..formats import Format, Rounding
 from ..kernels import quantize
 from ..kernels.plan import tile_for
 from .orders import NcclOptions, channel_parts, element_bytes, gloo_chunks, nccl_ring_groups, nccl_tree
@@ -131,23 +129,10 @@ def check_grad_format(fmt: Optional[Format], shapes=()) -> None:
             raise ValueError(f"gradient format {fmt!r} cannot round a gradient of shape {list(shape)}: {e}") from None
 
 
-def _tile_rows(fmt: Optional[Format], shape: tuple[int, ...]) -> int:
-    """Extent along axis 0 of one tile/block of ``fmt`` on a tensor of ``shape``."""
-    if isinstance(fmt, BlockFloat) and shape:
-        return fmt.group_for(len(shape))[0]
-    if isinstance(fmt, MX) and shape:
-        return tile_for(fmt, shape)[0]
-    if isinstance(fmt, NVFP4) and shape:
-        block = fmt.block if isinstance(fmt.block, tuple) else (fmt.block,)
-        axis = fmt.axis % len(shape)
-        return block[len(block) - 1 - axis] if axis < len(block) else 1
-    return 1
-
-
 def ring_owner(shape: tuple[int, ...], n: int, fmt: Optional[Format] = None) -> torch.Tensor:
     """Chunk index (= the worker a ring starts that chunk at) of every row of axis 0."""
     rows = shape[0] if shape else 1
-    unit = _tile_rows(fmt, shape)
+    unit = fmt.tile_rows(shape) if fmt is not None else 1
     units = -(-rows // unit)
     owner_of_unit = torch.cat([torch.full((len(part),), k, dtype=torch.long)
                                for k, part in enumerate(torch.tensor_split(torch.arange(units), n))])
@@ -183,7 +168,7 @@ def aps_shift(stack: torch.Tensor, fmt: Optional[Format]) -> int:
         return 0
     m, e = math.frexp(amax * stack.shape[0])  # exact: float32 max times a small integer
     need = e - 1 if m == 0.5 else e          # ceil(log2(amax * N))
-    top = fmt.emax if isinstance(fmt, Float) else 0
+    top = fmt.aps_top() if fmt is not None else 0
     return top - need
 
 
@@ -220,7 +205,7 @@ class RoundedReduce:
         Why not the stack at once: a ``BlockFloat``'s tiles (and an ``MX`` block along
         axis 0) would follow the stack's extra worker axis and share scales across
         workers; a ``Float`` rounds element by element, so one call is the same."""
-        if self.fmt is None or isinstance(self.fmt, Float):
+        if self.fmt is None or self.fmt.elementwise:
             return self._q(stack)
         return torch.stack([self._q(row) for row in stack.unbind(0)])
 

@@ -33,15 +33,13 @@ import torch
 import torch.distributed as dist
 
 from .. import overflow
-from ..nvfp4 import NVFP4
-from ..scaled import Scaled
 from .reduce import RoundedReduce, _shift_up, aps_shift, ring_owner
 
 
 def ring_capable(reduce: RoundedReduce) -> bool:
     """True when ``ring_allreduce`` can run ``reduce`` (ring order, a chunkable format)."""
     return reduce.order == "param-ring" and reduce.divide in ("before", "after") and \
-        not isinstance(reduce.fmt, (NVFP4, Scaled))
+        (reduce.fmt is None or reduce.fmt.chunkable)
 
 
 def _chunks(shape: torch.Size, world: int, fmt) -> list[tuple[int, int]]:

@@ -81,18 +81,7 @@ def tile_for(fmt: Format, shape: tuple[int, ...]) -> tuple[int, ...] | None:
         return None
     if isinstance(fmt, BlockFloat):
         return fmt.group_for(len(shape))
-    ndim = max(len(shape), 1)
-    axis = fmt.axis + ndim if fmt.axis < 0 else fmt.axis
-    if not 0 <= axis < ndim:
-        raise ValueError(f"MX axis {fmt.axis} is out of range for a tensor of shape {tuple(shape)}")
-    block = fmt.block if isinstance(fmt.block, tuple) else (fmt.block,)
-    if axis - len(block) + 1 < 0:
-        raise ValueError(f"MX block {'x'.join(map(str, block))} ending on axis {fmt.axis} needs {len(block)} axes "
-                         f"up to it; a tensor of shape {tuple(shape)} has {axis + 1}")
-    tile = [1] * ndim
-    for k, b in enumerate(reversed(block)):
-        tile[axis - k] = b
-    return tuple(tile)
+    return fmt.tile(shape)  # MX: its block over the tensor
 
 
 def canonical_4d(shape: tuple[int, ...], tile: tuple[int, ...]):

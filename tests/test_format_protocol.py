@@ -1,0 +1,57 @@
+"""What layers above the formats ask a format instead of checking its class (issue 31's protocol,
+begun with the distributed layer), and a ratchet on the class checks that remain elsewhere."""
+import re
+from pathlib import Path
+
+import pytest
+
+import bfp
+from bfp.formats import BlockFloat, Float
+from bfp.kernels.plan import tile_for
+
+PKG = Path(__file__).resolve().parents[1] / "bfp"
+FAMILY = re.compile(r"isinstance\([^)]*\b(Float|BlockFloat|MX|NVFP4|Scaled)\b")
+# The format modules and the kernels that implement a family may branch on a format's class.
+OWNERS = {"formats.py", "mx.py", "nvfp4.py", "scaled.py"}
+# Class checks still left outside them (to fold into format methods, issue 31); may only shrink.
+REMAINING = {"config/legacy.py": 1, "config/rules.py": 2, "config/specs.py": 7, "layers.py": 1, "hadamard.py": 1,
+             "conversion.py": 5, "overflow.py": 3, "engine/grad_histogram.py": 1, "functional.py": 3,
+             "precision.py": 2, "diagnostics/points.py": 1, "dynamic/callback.py": 2}
+
+
+def _checks() -> dict[str, int]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).as_posix()
+        if rel in OWNERS or rel.startswith("kernels/"):
+            continue
+        n = len(FAMILY.findall(path.read_text(encoding="utf-8")))
+        if n:
+            out[rel] = n
+    return out
+
+
+def test_no_module_adds_a_class_check_on_formats_and_the_distributed_layer_has_none():
+    found = _checks()
+    grown = {m: (n, REMAINING.get(m, 0)) for m, n in found.items() if n > REMAINING.get(m, 0)}
+    assert not grown, f"class checks on formats (found, allowed): {grown}; ask the format instead"
+    assert not any(m.startswith("distributed/") or m == "cli/dist_run.py" for m in found)
+
+
+def test_formats_answer_the_protocol():
+    e4m3, fp16, fp32 = Float(4, 3), Float(5, 10), Float(8, 23)
+    assert [f.transport_bytes() for f in (e4m3, fp16, fp32)] == [1, 2, 4]
+    fb16, mx = bfp.format_from_name("fb16"), bfp.format_from_name("mxfp8_e4m3")
+    nv, sc = bfp.format_from_name("nvfp4"), bfp.format_from_name("fp8_e4m3_tensorwise")
+    assert fb16.transport_bytes() is None and mx.transport_bytes() is None
+    assert e4m3.aps_top() == e4m3.emax == 7 and fb16.aps_top() == 0 and mx.aps_top() == 0
+    assert e4m3.elementwise and not fb16.elementwise and not mx.elementwise
+    assert e4m3.chunkable and fb16.chunkable and mx.chunkable and not nv.chunkable and not sc.chunkable
+    for shape in [(64, 32), (7, 5, 3, 3), (96,)]:
+        assert fb16.tile_rows(shape) == tile_for(fb16, shape)[0]
+        assert mx.tile_rows(shape) == tile_for(mx, shape)[0]
+    assert e4m3.tile_rows((8, 8)) == 1 and isinstance(fb16, BlockFloat)
+    two_d = bfp.MX(Float(4, 3), block=(32, 32), axis=-1)
+    assert two_d.tile((64, 64)) == (32, 32) and two_d.tile_rows((64, 64)) == 32
+    with pytest.raises(ValueError, match="MX axis 3 is out of range"):
+        bfp.MX(Float(4, 3), axis=3).tile((4, 4))
