@@ -25,10 +25,7 @@ from .routes import route
 from .trace import describe_input, filter_of, trace_gemms, type_name_of
 from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
                      legacy_dict, legacy_entry, load_config)
-from .formats import BlockFloat, Float, Format, format_names, format_from_name
-from .mx import MX
-from .nvfp4 import NVFP4
-from .scaled import Scaled
+from .formats import Format, format_names, format_from_name
 from .precision import POINTS, LayerPrecision
 
 __all__ = ["convert", "trace_model", "conversion_report", "precision_state", "load_precision_state",
@@ -173,26 +170,7 @@ def short_format(fmt: Optional[Format], presets: Optional[dict] = None) -> str:
     presets = _preset_lookup() if presets is None else presets
     if fmt in presets:
         return presets[fmt]
-    rnd = {"nearest": "/rn", "truncate": "/tr", "stochastic": "/sr"}
-    if isinstance(fmt, BlockFloat):
-        s = f"bfp{fmt.bits}[{','.join(map(str, fmt.group))}]"
-        return s + ("" if fmt.rounding.value == "truncate" else rnd[fmt.rounding.value])
-    if isinstance(fmt, Float):
-        return f"e{fmt.exp}m{fmt.man}" + ("" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value])
-    if isinstance(fmt, MX):
-        el = "int8" if isinstance(fmt.element, str) else f"e{fmt.element.exp}m{fmt.element.man}"
-        extra = "" if fmt.rounding.value == "nearest" else rnd[fmt.rounding.value]
-        mode = "" if fmt.scale_mode == "floor" else f"/{fmt.scale_mode}"
-        block = "x".join(map(str, fmt.block)) if isinstance(fmt.block, tuple) else fmt.block
-        return f"mx:{el}/{block}@{fmt.axis}{mode}{extra}"
-    if isinstance(fmt, Scaled):
-        where = "t" if fmt.granularity == "tensor" else f"r@{fmt.axis}"
-        return f"{short_format(fmt.fmt, presets)}*{where}" + ("/pow2" if fmt.pow2 else "")
-    if isinstance(fmt, NVFP4):
-        block = "x".join(map(str, fmt.block)) if isinstance(fmt.block, tuple) else fmt.block
-        return f"nvfp4/{block}@{fmt.axis}" + ("" if fmt.rounding.value == "nearest" else "/sr") + \
-            ("" if fmt.tensor_scale else "/1lvl") + ("" if fmt.convention == "bfpsim" else f"/{fmt.convention}")
-    return repr(fmt)
+    return fmt.short_name(lambda inner: short_format(inner, presets))
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

@@ -95,6 +95,10 @@ def _int_in(value, lo: int, hi: int, what: str) -> int:
     return value
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+_RND = {"nearest": "/rn", "truncate": "/tr", "stochastic": "/sr"}  # rounding suffixes of short names
+
+
 class Format:
     """Base class of all formats. The layers above ask a format what they need to know instead of
     checking its class (the defaults here are a block format's; each family overrides them):
@@ -107,7 +111,10 @@ class Format:
       when the format's tiles cannot ride a flat cut;
     * ``aps_top()``: the exponent APS shifts the largest sum to (``Float``: ``emax``; block formats:
       0, shift-invariant up to their scale range);
-    * ``tile_rows(shape)``: the extent along axis 0 of one tile on a tensor of ``shape``.
+    * ``tile_rows(shape)``: the extent along axis 0 of one tile on a tensor of ``shape``;
+    * ``overflow_limit()``: the largest magnitude it represents without saturating (formats whose
+      scales follow the tensor have no fixed ceiling: float32's largest);
+    * ``short_name(name_of)``: its name in conversion reports (``name_of`` names an inner format).
     """
 
     elementwise = False
@@ -125,6 +132,12 @@ class Format:
 
     def tile_rows(self, shape: tuple[int, ...]) -> int:
         return 1
+
+    def overflow_limit(self) -> float:
+        return _FLOAT32_MAX
+
+    def short_name(self, name_of: Optional[Callable[["Format"], str]] = None) -> str:
+        return repr(self)
 
 
 @dataclass(frozen=True)
@@ -199,6 +212,12 @@ class Float(Format):
 
     def aps_top(self) -> int:
         return self.emax
+
+    def overflow_limit(self) -> float:
+        return self.max
+
+    def short_name(self, name_of=None) -> str:
+        return f"e{self.exp}m{self.man}" + ("" if self.rounding.value == "nearest" else _RND[self.rounding.value])
 
     @property
     def max(self) -> float:
@@ -291,6 +310,10 @@ class BlockFloat(Format):
 
     def tile_rows(self, shape: tuple[int, ...]) -> int:
         return self.group_for(len(shape))[0] if shape else 1
+
+    def short_name(self, name_of=None) -> str:
+        s = f"bfp{self.bits}[{','.join(map(str, self.group))}]"
+        return s + ("" if self.rounding.value == "truncate" else _RND[self.rounding.value])
 
     def __repr__(self) -> str:
         return f"BlockFloat(bits={self.bits}, group={list(self.group)}, rounding={self.rounding})"

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from .formats import Float, Format, Overflow, Rounding, block_shape, format_from_dict, format_from_name, register_family
+from .formats import _RND, Float, Format, Overflow, Rounding, block_shape, format_from_dict, format_from_name, register_family
 
 __all__ = ["INT8", "MX", "MX_SCALE_MODES"]
 
@@ -118,6 +118,16 @@ class MX(Format):
 
     def tile_rows(self, shape: tuple[int, ...]) -> int:
         return self.tile(shape)[0] if shape else 1
+
+    def overflow_limit(self) -> float:
+        return self.element_max * 2.0 ** 127
+
+    def short_name(self, name_of=None) -> str:
+        el = "int8" if isinstance(self.element, str) else f"e{self.element.exp}m{self.element.man}"
+        extra = "" if self.rounding.value == "nearest" else _RND[self.rounding.value]
+        mode = "" if self.scale_mode == "floor" else f"/{self.scale_mode}"
+        block = "x".join(map(str, self.block)) if isinstance(self.block, tuple) else self.block
+        return f"mx:{el}/{block}@{self.axis}{mode}{extra}"
 
     def __repr__(self) -> str:
         el = "int8" if self.element == INT8 else f"e{self.element.exp}m{self.element.man}"

@@ -79,6 +79,11 @@ class NVFP4(Format):
 
     chunkable = False  # the tensor scale comes from the whole tensor
 
+    def short_name(self, name_of=None) -> str:
+        block = "x".join(map(str, self.block)) if isinstance(self.block, tuple) else self.block
+        return f"nvfp4/{block}@{self.axis}" + ("" if self.rounding.value == "nearest" else "/sr") + \
+            ("" if self.tensor_scale else "/1lvl") + ("" if self.convention == "bfpsim" else f"/{self.convention}")
+
     def tile_rows(self, shape: tuple[int, ...]) -> int:
         if not shape:
             return 1

@@ -45,10 +45,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from .formats import BlockFloat, Float, Format
-from .mx import MX
-from .nvfp4 import NVFP4
-from .scaled import Scaled
+from .formats import Format
 
 __all__ = ["GRADIENT_POINTS", "OverflowFlag", "overflow_limit", "watching", "check", "active"]
 
@@ -62,12 +59,8 @@ _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 def overflow_limit(fmt: Format) -> float:
     """The largest magnitude ``fmt`` represents without saturating (see the module docstring)."""
-    if isinstance(fmt, Float):
-        return fmt.max
-    if isinstance(fmt, MX):
-        return fmt.element_max * 2.0 ** 127
-    if isinstance(fmt, (BlockFloat, NVFP4, Scaled)):  # their scales follow the tensor: no fixed ceiling
-        return _FLOAT32_MAX
+    if isinstance(fmt, Format):
+        return fmt.overflow_limit()
     raise ValueError(f"overflow_limit: unknown format {fmt!r}")
 
 

@@ -80,6 +80,11 @@ class Scaled(Format):
 
     chunkable = False  # its scale comes from the whole tensor (or whole rows)
 
+    def short_name(self, name_of=None) -> str:
+        where = "t" if self.granularity == "tensor" else f"r@{self.axis}"
+        inner = name_of(self.fmt) if name_of is not None else self.fmt.short_name()
+        return f"{inner}*{where}" + ("/pow2" if self.pow2 else "")
+
     def __repr__(self) -> str:
         where = "tensor" if self.granularity == "tensor" else f"row, axis={self.axis}"
         extra = (", pow2" if self.pow2 else "") + (f", history={self.history}" if self.history else "")
