@@ -114,11 +114,18 @@ class Format:
     * ``tile_rows(shape)``: the extent along axis 0 of one tile on a tensor of ``shape``;
     * ``overflow_limit()``: the largest magnitude it represents without saturating (formats whose
       scales follow the tensor have no fixed ceiling: float32's largest);
-    * ``short_name(name_of)``: its name in conversion reports (``name_of`` names an inner format).
+    * ``short_name(name_of)``: its name in conversion reports (``name_of`` names an inner format);
+    * ``history_length``: the amax history a layer keeps for it (delayed scaling; 0: none);
+    * ``normal_emin()``: the exponent of its smallest normal number, where it has one element
+      format (a tensor core counts a subnormal operand as that exponent), else None.
     """
 
     elementwise = False
     chunkable = True
+    history_length = 0
+
+    def normal_emin(self) -> Optional[int]:
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict that ``format_from_dict`` turns back into ``self``."""
@@ -215,6 +222,9 @@ class Float(Format):
 
     def overflow_limit(self) -> float:
         return self.max
+
+    def normal_emin(self) -> Optional[int]:
+        return self.emin
 
     def short_name(self, name_of=None) -> str:
         return f"e{self.exp}m{self.man}" + ("" if self.rounding.value == "nearest" else _RND[self.rounding.value])

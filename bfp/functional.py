@@ -45,7 +45,7 @@ from torch.autograd.function import once_differentiable
 from . import hadamard
 from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input,
                          accumulate_conv2d_weight, accumulate_matmul)
-from .formats import Float, Format, Rounding
+from .formats import Format, Rounding
 from .kernels import quantize
 from .kernels import scaled as scaled_k
 from .kernels.dispatch import scaled_keys
@@ -76,7 +76,7 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
         return None
 
     def q(point: str, t: Tensor, fmt: Format) -> Tensor:
-        if isinstance(fmt, Scaled) and fmt.delayed:
+        if fmt is not None and fmt.history_length:  # delayed scaling: the layer's amax history
             return _delayed(layer, point, t, fmt)
         if hook is None:
             return quantize(t, fmt, generator=layer.generator)
@@ -132,8 +132,8 @@ def _acc_for(p: LayerPrecision, gemm: str, op) -> Optional[Accumulator]:
     if isinstance(acc, FusedAccumulator):
         fa, fb = (getattr(p, point) for point in op.ACC_OPERANDS[gemm])
         ea, eb = acc.emins()
-        acc = dataclasses.replace(acc, operand_emin=(fa.emin if isinstance(fa, Float) else ea,
-                                                     fb.emin if isinstance(fb, Float) else eb))
+        na, nb = (f.normal_emin() if f is not None else None for f in (fa, fb))
+        acc = dataclasses.replace(acc, operand_emin=(ea if na is None else na, eb if nb is None else nb))
     return acc
 
 

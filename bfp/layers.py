@@ -27,7 +27,6 @@ from torch import Tensor
 from . import functional as bfpF
 from .formats import Format, format_from_name
 from .precision import LayerPrecision
-from .scaled import Scaled
 
 __all__ = ["QConv1d", "QConv2d", "QLinear", "QTransposedLinear", "QMatmul", "Matmul", "CONVERTIBLE",
            "QUANTIZED_TYPES", "quantized_twin", "chain_quantize_hooks", "restore_quantize_hooks"]
@@ -65,7 +64,7 @@ class _QuantizedMixin:
         entries, so checkpoints carry the histories."""
         dev = next((p.device for p in self.parameters(recurse=False) if not p.is_meta), torch.device("cpu"))
         want = {f"amax_history_{p}": f.history for p, f in self.precision.formats().items()
-                if isinstance(f, Scaled) and f.delayed}
+                if f is not None and f.history_length}
         self.has_delayed = bool(want)  # read by functional.layer_quantizer at every forward
         for name in [n for n in self._buffers if n.startswith("amax_history_") and n not in want]:
             del self._buffers[name]

@@ -80,6 +80,10 @@ class Scaled(Format):
 
     chunkable = False  # its scale comes from the whole tensor (or whole rows)
 
+    @property
+    def history_length(self) -> int:
+        return self.history
+
     def short_name(self, name_of=None) -> str:
         where = "t" if self.granularity == "tensor" else f"r@{self.axis}"
         inner = name_of(self.fmt) if name_of is not None else self.fmt.short_name()
