@@ -96,16 +96,13 @@ def test_aps_shifts_each_parameter_of_a_flat_buffer_by_its_own_exponent():
     assert (red(stack)[:6] == 0).all()  # one shift for the whole buffer: the tiny parameter is lost
 
 
-@pytest.mark.parametrize("order", ["nccl-ring", "nccl-tree", "sequential", "param-ring"])
-def test_emulated_workers_equal_ddp_processes_for_every_order(tmp_path, order):
-    """As below for the other orders: one process emulating 3 workers equals 3 gloo processes
-    under DDP with bfpsim's hook, bit for bit, over 3 steps (rebuilt buckets included)."""
+def _emulate(order: str, each_step):
+    """One process emulating the 3 workers of ``bucket_case(order)`` for 3 steps; ``each_step(k,
+    model, step)`` after step ``k``."""
     import torch.nn.functional as F
     from _gloo_worker import bucket_case
     from bfp.amp import MixedPrecision
     from bfp.distributed.emulated import EmulatedStep
-    _launch(3, tmp_path, "buckets", order)
-    real = torch.load(tmp_path / "buckets.pt")
     model, _, reduce, cap = bucket_case(0, order)
     per_rank = [bucket_case(r, order)[1] for r in range(3)]
     step = EmulatedStep(3, reduce, bucket_cap_mb=cap)
@@ -114,42 +111,42 @@ def test_emulated_workers_equal_ddp_processes_for_every_order(tmp_path, order):
         x = torch.cat([per_rank[r][k][0] for r in range(3)])
         y = torch.cat([per_rank[r][k][1] for r in range(3)])
         step(model, x, y, criterion=F.cross_entropy, optimizer=opt, amp=amp)
+        each_step(k, model, step)
+    return model, cap
+
+
+def _same_params(real, order):
+    def check(k, model, step):
         for a, b in zip(model.parameters(), real["params"][k]):
             assert torch.equal(a.detach(), b), (order, k)
+    return check
+
+
+@pytest.mark.parametrize("order", ["nccl-ring", "nccl-tree", "sequential", "param-ring"])
+def test_emulated_workers_equal_ddp_processes_for_every_order(tmp_path, order):
+    """As below for the other orders: one process emulating 3 workers equals 3 gloo processes
+    under DDP with bfpsim's hook, bit for bit, over 3 steps (rebuilt buckets included)."""
+    _launch(3, tmp_path, "buckets", order)
+    _emulate(order, _same_params(torch.load(tmp_path / "buckets.pt"), order))
 
 
 def test_emulated_workers_reduce_in_ddps_real_buckets_bit_for_bit(tmp_path, monkeypatch):
     """3 gloo processes under DDP (bfpsim's hook, gloo order, e4m3, 4 KiB buckets) against one
     process emulating the 3 workers: the same buckets at every step (one in parameters() order,
     then rebuilt in gradient-ready order) and the same parameters bit for bit."""
-    import torch.nn.functional as F
-    from _gloo_worker import bucket_case
-    from bfp.amp import MixedPrecision
     from bfp.distributed.buckets import ddp_buckets
-    from bfp.distributed.emulated import EmulatedStep
     _launch(3, tmp_path, "buckets")
     real = torch.load(tmp_path / "buckets.pt")
-    model, _, reduce, cap = bucket_case(0)
-    per_rank = [bucket_case(r)[1] for r in range(3)]
-    step = EmulatedStep(3, reduce, bucket_cap_mb=cap)
-    opt, amp = torch.optim.SGD(model.parameters(), lr=0.1), MixedPrecision()
-    for k in range(3):
-        x = torch.cat([per_rank[r][k][0] for r in range(3)])
-        y = torch.cat([per_rank[r][k][1] for r in range(3)])
-        step(model, x, y, criterion=F.cross_entropy, optimizer=opt, amp=amp)
+    params = _same_params(real, "gloo")
+
+    def check(k, model, step):
         assert sorted(map(tuple, step.last_buckets)) == sorted(map(tuple, real["buckets"][k])), k
-        for a, b in zip(model.parameters(), real["params"][k]):
-            assert torch.equal(a.detach(), b), k
+        params(k, model, step)
+    model, cap = _emulate("gloo", check)
     assert len(real["buckets"][0]) == 1 and len(real["buckets"][1]) > 1  # rebuilt from the second step
     assert real["buckets"][1] != ddp_buckets(list(model.parameters()), list(range(6)), cap)  # ready order counts
     # with one bucket in parameters() order at every step (the old emulation) the sums differ
     import bfp.distributed.emulated as emulated
     monkeypatch.setattr(emulated, "ddp_buckets", lambda params, ready, cap: [list(range(len(params)))])
-    model, _, reduce, cap = bucket_case(0)
-    step = EmulatedStep(3, reduce, bucket_cap_mb=cap)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for k in range(3):
-        x = torch.cat([per_rank[r][k][0] for r in range(3)])
-        y = torch.cat([per_rank[r][k][1] for r in range(3)])
-        step(model, x, y, criterion=F.cross_entropy, optimizer=opt, amp=amp)
+    model, _ = _emulate("gloo", lambda k, model, step: None)
     assert any(not torch.equal(a.detach(), b) for a, b in zip(model.parameters(), real["params"][2]))

@@ -75,6 +75,24 @@ def _cut(x, e, bits, near):
     return y / scale
 
 
+@njit(cache=True, inline="always")
+def _add_terms(a, b, scale, s, i, g, terms, align_near, skip_zeros):
+    """One step's products of row ``i``, each scaled to ``align_bits`` below the alignment and cut
+    (to nearest even or toward zero), added into ``s`` (exact); the outputs innermost, vectorised.
+    A zero operand's products are skipped when ``b`` is finite (no 0 * inf)."""
+    n = b.shape[1]
+    for t in range(g, g + terms):
+        ai = a[i, t]
+        if ai == 0.0 and skip_zeros:
+            continue
+        if align_near:
+            for j in range(n):
+                s[j] += np.rint(ai * b[t, j] * scale[j])
+        else:
+            for j in range(n):
+                s[j] += np.trunc(ai * b[t, j] * scale[j])
+
+
 @njit(cache=True, parallel=True)
 def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, sum_bits, sum_emin, sum_near,
                 acc_in, operands, skip_zeros, scale_cap):
@@ -110,16 +128,7 @@ def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, su
                     s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
                 else:
                     s[j] = 0.0
-            for t in range(g, g + terms):
-                ai = a[i, t]
-                if ai == 0.0 and skip_zeros:  # all its products are 0 (b finite: no 0 * inf)
-                    continue
-                if align_near:
-                    for j in range(n):
-                        s[j] += np.rint(ai * b[t, j] * scale[j])
-                else:
-                    for j in range(n):
-                        s[j] += np.trunc(ai * b[t, j] * scale[j])
+            _add_terms(a, b, scale, s, i, g, terms, align_near, skip_zeros)
             for j in range(n):
                 v = s[j] / scale[j]
                 if not acc_in:
@@ -169,16 +178,7 @@ def fused_chain32(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, 
                 sbits[j] = (127 + x) << 23
                 ibits[j] = (127 - x) << 23
                 s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
-            for t in range(g, g + terms):
-                ai = a[i, t]
-                if ai == 0.0 and skip_zeros:
-                    continue
-                if align_near:
-                    for j in range(n):
-                        s[j] += np.rint(ai * b[t, j] * scale[j])
-                else:
-                    for j in range(n):
-                        s[j] += np.trunc(ai * b[t, j] * scale[j])
+            _add_terms(a, b, scale, s, i, g, terms, align_near, skip_zeros)
             for j in range(n):
                 s[j] = s[j] * inv[j]  # the step's exact sum, a normal float32 or zero
             for j in range(n):
