@@ -190,12 +190,14 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"{m.get('python')}, torch {v.get('torch')}, numba {v.get('numba')}, numpy {v.get('numpy')}; "
                   f"threads {any_doc['threads']}. Times are training-epoch times on a shared 2-core machine (load "
                   "averages are in each result file), so their ratios are rough.", "",
+                  ("Seeds: seed 0 for every row (this table's profile runs one seed)." if table != "cifar10-table"
+                   else
                   f"Seeds: every row runs seed 0; the references (FP32, 8-worker FP32) and every row whose "
                   f"seed-0 difference to its reference lies within {MARGIN:g} points of a verdict's threshold "
                   f"(±{TOL:g} point) also run seeds 1 and 2. A verdict compares the seeds' means and counts a "
                   f"difference only where the seeds' ranges say so: \"within {TOL:g} point\" needs |Δ| plus "
                   f"the two half-ranges at most {TOL:g}, \"loses more than {TOL:g}\" needs Δ plus them below "
-                  f"-{TOL:g}; otherwise the claim is \"not resolved at this scale\".", ""]
+                  f"-{TOL:g}; otherwise the claim is \"not resolved at this scale\"."), ""]
     lines += ["## Table", "", *table_lines(res, rows), "",
               f"Δ: the mean final top-1 over the row's seeds minus its reference's (FP32"
               + ("; for the all-reduce panel 8-worker FP32), in points. Claims below compare final top-1 with a "
