@@ -138,6 +138,12 @@ def test_stale_results_are_found_against_git(tmp_path):
     assert stale.why_stale({}, head, repo) == "it records no commit"
 
 
+def test_result_keys_map_back_to_their_rows():
+    for row in matrix.ROWS:
+        for seed in (0, 1, 2):
+            assert matrix.base_name(matrix.key(row, seed)) == row.name  # "-sequential" is not a seed
+
+
 def test_set_aside_moves_results_and_run_directories(tmp_path):
     res, runs = tmp_path / "res", tmp_path / "runs"
     (runs / "fb12").mkdir(parents=True)

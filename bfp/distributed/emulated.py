@@ -64,6 +64,20 @@ class EmulatedStep:
         self.bytes_sent = 0  # by the ring, over the run
         self.keep_rows, self.last_rows = False, None
 
+    def _layout(self, model, params, sizes, first: bool, device) -> list[tuple[list[int], torch.Tensor]]:
+        """DDP's buckets (one in parameters() order at the first step, rebuilt from the second) with
+        each bucket's columns in the flat gradient rows; built once per model and phase, not per step."""
+        key = (id(model), first, str(device))
+        if getattr(self, "_layout_key", None) != key:
+            self.last_buckets = ddp_buckets(params, None if first else self._ready[1], self.bucket_cap_mb)
+            offs = [0]
+            for k in sizes:
+                offs.append(offs[-1] + k)
+            self._cols = [(b, torch.cat([torch.arange(offs[i], offs[i + 1], device=device) for i in b]))
+                          for b in self.last_buckets]
+            self._layout_key = key
+        return self._cols
+
     def prepare(self, model: nn.Module) -> nn.Module:
         """The model itself; under torchrun, rank 0's parameters are copied to all ranks once."""
         if self._synced != id(model):
@@ -120,15 +134,9 @@ class EmulatedStep:
         else:  # sequential (CPD's gather), or a format rounded on whole tensors only
             if group_size(self.group) > 1:
                 rows = gather_workers(rows, self.group)
-            # DDP's buckets: one in parameters() order at the first step, rebuilt from the second
-            self.last_buckets = ddp_buckets(params, None if first else self._ready[1], self.bucket_cap_mb)
-            offs = [0]
-            for k in sizes:
-                offs.append(offs[-1] + k)
             flat = torch.empty(total, dtype=torch.float32, device=x.device)
             with watch:
-                for bucket in self.last_buckets:
-                    cols = torch.cat([torch.arange(offs[i], offs[i + 1], device=x.device) for i in bucket])
+                for bucket, cols in self._layout(model, params, sizes, first, x.device):
                     flat[cols] = reduce_flat(self.reduce, rows[:, cols], [shapes[i] for i in bucket],
                                              torch.empty(len(cols), dtype=torch.float32, device=x.device))
             used = rows[:, total:].amax(0) > 0

@@ -149,7 +149,7 @@ def rerun_stale(args, prof, chosen, data: Optional[str], res_dir: Path, runs_dir
     """Set aside the stale results (``stale.find``) of the chosen rows and rerun them from HEAD."""
     names = {r.name for r in chosen}
     found = {k: why for k, why in stale.find(res_dir, runner.REPO, args.all).items()
-             if k.split("-s")[0] in names or k in names}
+             if matrix.base_name(k) in names}
     for k, why in sorted(found.items()):
         print(f"stale: {k}: {why}")
     if not found:

@@ -21,6 +21,7 @@ docs/RESULTS.md, "Rerunning a row").
 """
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Optional
@@ -198,6 +199,11 @@ def key(row: Row, seed: int = 0) -> str:
     """The result file's and run directory's name of ``row`` with ``seed``: the row's name for
     seed 0 (the table's first run), ``<row>-s<seed>`` for the others."""
     return row.name if seed == 0 else f"{row.name}-s{seed}"
+
+
+def base_name(key_: str) -> str:
+    """The row name of a result key (``key``'s inverse: ``fb16-s2`` -> ``fb16``)."""
+    return re.sub(r"-s\d+$", "", key_)
 
 
 def _with_seed(flags: tuple[str, ...], seed: int) -> list[str]:

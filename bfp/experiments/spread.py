@@ -27,7 +27,7 @@ Check = Union[bool, str, None]
 
 def top1s(res: dict[str, dict], name: str, seeds: tuple[int, ...] = (0, 1, 2)) -> list[float]:
     """Final top-1 of every seed of row ``name`` that has a result (seed 0 is ``name`` itself)."""
-    keys = [name if s == 0 else f"{name}-s{s}" for s in seeds]
+    keys = [name if s == 0 else f"{name}-s{s}" for s in seeds]  # matrix.key's names (spread sits below matrix)
     return [res[k]["final_top1"] for k in keys if k in res]
 
 
