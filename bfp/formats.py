@@ -34,7 +34,8 @@ class Rounding(str, Enum):
 
     * ``TRUNCATE``: ``k' = k`` (toward zero; the original BFP simulator's mode).
     * ``NEAREST``: ``k' = k + 1`` if ``f > 1/2``, or ``f == 1/2`` and ``k`` is
-      odd; else ``k`` (round half to even).
+      odd; else ``k`` (round half to even). A float without mantissa bits has one code per
+      binade (``k`` is 1 for every normal value): there "odd" is its code's, the exponent field's.
     * ``STOCHASTIC``: ``k' = k + 1`` with probability ``floor(f * 2**32) / 2**32``
       (a counter-based 32-bit random number per element, compared with the top
       32 dropped bits), else ``k``. Unbiased to within 2**-32 LSB.

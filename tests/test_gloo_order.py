@@ -91,8 +91,11 @@ def test_aps_shifts_each_parameter_of_a_flat_buffer_by_its_own_exponent():
     e3m0 = Float(3, 0)
     red = RoundedReduce(e3m0, order="gloo", aps=True, average=False)
     got = reduce_flat(red, stack, [torch.Size([6]), torch.Size([10])], torch.empty(16))
-    alone = RoundedReduce(e3m0, order="gloo", aps=True, average=False)
-    assert torch.equal(got[:6], alone(tiny)) and (got[:6] != 0).all()
+    # The same buffer with the large parameter's gradients zeroed: gloo adds each element in the
+    # same order (its chunks depend on the buffer's length only), so only a shared shift could differ.
+    quiet = reduce_flat(red, torch.cat([tiny, torch.zeros_like(big)], 1), [torch.Size([6]), torch.Size([10])],
+                        torch.empty(16))
+    assert torch.equal(got[:6], quiet[:6]) and (got[:6] != 0).all()
     assert (red(stack)[:6] == 0).all()  # one shift for the whole buffer: the tiny parameter is lost
 
 

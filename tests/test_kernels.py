@@ -357,6 +357,7 @@ FORMATS = [format_from_name(n) for n in bfp.format_names()
            if not getattr(format_from_name(n), "delayed", False)] + [  # delayed scaling needs a layer
     BlockFloat(7, (2, 5, 2, 3), "nearest"), BlockFloat(3, (1, 4), "stochastic"),
     Float(3, 5, "stochastic", subnormals=False), Float(5, 2, "truncate"), MX(Float(4, 3, "stochastic", encoding="fn"), 16, 1),
+    Float(3, 0), Float(2, 0, encoding="finite"), MX(Float(3, 0, encoding="finite"), 8),
 ]
 SHAPES = [(3, 50, 7, 7), (37, 29), (1001,), (2, 3, 5)]
 
@@ -387,7 +388,8 @@ SIM_SCRIPT = textwrap.dedent("""
              Float(4, 3, "stochastic", encoding="fn"), MX("float6_e3m2fn", block=8, axis=1),
              MX("float8_e4m3fn", block=8, axis=1, scale_mode="rceil"), MX("int8", block=4, scale_mode="even"),
              MX("float4_e2m1fn", block=16, scale_mode="ceil"), MX("float8_e5m2", block=32, scale_mode="even"),
-             MX("float8_e4m3fn", block=(4, 3), axis=-1, scale_mode="rceil")]
+             MX("float8_e4m3fn", block=(4, 3), axis=-1, scale_mode="rceil"), Float(3, 0),
+             MX(Float(3, 0, encoding="finite"), block=8)]
     bad = 0
     for shape in [(3, 10, 5, 7), (13, 11)]:
         x = torch.randn(shape) * torch.exp2(torch.randint(-30, 30, shape).float())
@@ -420,3 +422,17 @@ def test_cuda_kernel_equals_reference_on_gpu(fmt):
     ref, rc = quantize_stats(x, fmt, generator=torch.Generator("cuda").manual_seed(1), backend="reference")
     out, oc = quantize_stats(x, fmt, generator=torch.Generator("cuda").manual_seed(1))
     assert torch.equal(bits(out), bits(ref)) and torch.equal(rc, oc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float_without_mantissa_bits_breaks_ties_to_the_even_exponent_code(backend):
+    # Float(3, 0): one code per binade (bias 3: 0.25 is code 1, 0.5 code 2, 1 code 3, 2 code 4, 4 code 5,
+    # 8 code 6); a tie goes to the even code, which is the smaller or the larger value by turns.
+    x = torch.tensor([0.375, 0.75, 1.5, 3.0, 6.0, -3.0, 0.125, 0.1875, 2.5])
+    want = [0.5, 0.5, 2.0, 2.0, 8.0, -2.0, 0.0, 0.25, 2.0]
+    assert quantize_stats(x, Float(3, 0), backend=backend)[0].tolist() == want
+    # Under an MX scale the code counts from the scaled smallest normal: block max 32 gives the scale
+    # 2**(5 - emax) = 2 (E3M0 finite: emax 4), and 6, 12, 3 are the ties 3, 6, 1.5 of the element grid.
+    mx = MX(Float(3, 0, encoding="finite"), block=4)
+    y = torch.tensor([32.0, 6.0, 12.0, 3.0])
+    assert quantize_stats(y, mx, backend=backend)[0].tolist() == [32.0, 4.0, 16.0, 4.0]

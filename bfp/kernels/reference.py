@@ -46,8 +46,10 @@ def rand32(k0: int, k1: int, n: int, device) -> torch.Tensor:
     return _mix32(_mix32((i & 0xFFFFFFFF) ^ k0) ^ ((i >> 32) & 0xFFFFFFFF) ^ k1)
 
 
-def _round_mag(m, q, mode: int, lim: int, r):
-    """(kept, exact) of magnitude bits m rounded at LSB 2**q."""
+def _round_mag(m, q, mode: int, lim: int, r, code_parity=None):
+    """(kept, exact) of magnitude bits m rounded at LSB 2**q. ``code_parity``: the parity of the
+    kept value's code where it is not the kept significand's (a float without mantissa bits: the
+    exponent field's)."""
     e = m >> 23
     sig = (m & 0x7FFFFF) | torch.where(e > 0, 0x800000, 0)
     d = q - (e.clamp(min=1) - 150)
@@ -56,7 +58,8 @@ def _round_mag(m, q, mode: int, lim: int, r):
     rem = sig & (torch.bitwise_left_shift(torch.ones_like(dd), dd) - 1)
     if mode == 1:  # nearest, ties to even
         half = torch.bitwise_left_shift(torch.ones_like(dd), dd - 1)
-        kept = kept + ((rem > half) | ((rem == half) & (kept & 1).bool())).long()
+        odd = kept & 1 if code_parity is None else kept.clamp(max=1) & code_parity
+        kept = kept + ((rem > half) | ((rem == half) & odd.bool())).long()
     elif mode == 2:  # stochastic: carry out of (top 32 dropped bits + r)
         r32 = torch.where(d <= 32, rem << (32 - d).clamp(min=0), rem >> (d - 32).clamp(0, 31))
         kept = kept + ((r32 + r) >> 32)
@@ -117,7 +120,7 @@ def quantize_bits(xb: torch.Tensor, rule: Rule, tile, keys) -> torch.Tensor:
     else:
         es = emin + s
         q = torch.maximum(_flog2(mm), es) - man
-        kept, exact = _round_mag(mm, q, mode, 2 ** 31 - 1, r)
+        kept, exact = _round_mag(mm, q, mode, 2 ** 31 - 1, r, (q - es + 1) & 1 if man == 0 else None)
         rb = torch.where(exact, mm, _bits_of(kept, q))
         maxb = _bits_of(torch.full_like(s, maxkept), emaxq + s)
         rb = torch.where(rb > maxb, EXP_INF if ovf_inf else maxb, rb)

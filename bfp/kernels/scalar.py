@@ -133,6 +133,8 @@ def _quant_elem(xb, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r):
     if mode == 1:  # nearest, ties to even
         half = 1 << (ds - 1)
         odd = ((m >> ds) & 1) | (int(ds == 23) & int(e > 0))
+        if kind == 0 and man == 0:  # one code per binade: a code's parity is its exponent field's
+            odd = int((m >> ds) != 0) & ((q - qt + 1) & 1)
         up = int(rem > half) | (int(rem == half) & odd)
         upb = int(d == 24) & int(sig > 0x800000)
     elif mode == 2:  # stochastic: carry out of (top 32 dropped bits + r)
