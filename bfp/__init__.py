@@ -2,7 +2,7 @@
 
 Layers (each knows only the one below it):
 
-    formats      bfp.formats     Float, BlockFloat, format_from_name; bfp.mx: MX; bfp.nvfp4: NVFP4
+    formats      bfp.formats     Float, BlockFloat, format_from_name; bfp.formats.mx: MX; bfp.formats.nvfp4: NVFP4
     kernels      bfp.kernels     quantize (PyTorch reference, Numba CPU, Numba CUDA)
     layers       bfp.functional, bfp.layers, bfp.accumulate
     conversion   bfp.config, bfp.conversion
@@ -13,9 +13,9 @@ from importlib import import_module
 
 from .formats import (BlockFloat, Encoding, Float, Format, Overflow, Rounding, format_from_dict, format_from_name,
                       format_names)
-from .mx import MX
-from .nvfp4 import NVFP4
-from .scaled import Scaled
+from .formats.mx import MX
+from .formats.nvfp4 import NVFP4
+from .formats.scaled import Scaled
 from .kernels import quantize, zero_setting_error
 from .precision import POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 

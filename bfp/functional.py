@@ -52,7 +52,7 @@ from .kernels.dispatch import scaled_keys
 from .overflow import active as _overflow_active
 from .overflow import check as _check_overflow
 from .precision import FusedAccumulator, LayerPrecision
-from .scaled import Scaled
+from .formats.scaled import Scaled
 
 __all__ = ["QGemmFunction", "Quantizer", "layer_quantizer", "qlinear", "qconv1d", "qconv2d", "qmatmul"]
 
@@ -89,7 +89,7 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
 
 
 def _delayed(layer, point: str, t: Tensor, fmt: Scaled) -> Tensor:
-    """Delayed scaling (``bfp.scaled``): the scale from the largest amax of the point's history,
+    """Delayed scaling (``bfp.formats.scaled``): the scale from the largest amax of the point's history,
     then, in training mode, this tensor's amax enters the history."""
     hist = layer.amax_history(point)
     with torch.no_grad():

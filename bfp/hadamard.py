@@ -21,7 +21,6 @@ from .formats import Format
 from .kernels import quantize
 from .kernels.dispatch import nvfp4_keys
 from .kernels import nvfp4 as nvfp4_k
-from .nvfp4 import NVFP4
 from .precision import Hadamard
 
 
@@ -87,9 +86,8 @@ def reference_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
 def fusable(t: torch.Tensor, rht: Hadamard, fmt: Optional[Format]) -> bool:
     """Whether ``transform_quantize`` runs the fused kernel: NVFP4 with 1-D blocks of the
     transform's size along the rows (dim -2) of a CPU float32 tensor."""
-    return (isinstance(fmt, NVFP4) and fmt.convention == "bfpsim" and not isinstance(fmt.block, tuple)
-            and fmt.block == rht.block
-            and t.dim() >= 2 and fmt.axis in (-2, t.dim() - 2) and t.device.type == "cpu"
+    return (fmt is not None and fmt.rht_fused_block() == rht.block
+            and t.dim() >= 2 and fmt.scale_axis() in (-2, t.dim() - 2) and t.device.type == "cpu"
             and t.dtype == torch.float32)
 
 

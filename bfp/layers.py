@@ -59,7 +59,7 @@ class _QuantizedMixin:
         self._sync_histories()
 
     def _sync_histories(self) -> None:
-        """A buffer ``amax_history_<point>`` for every point with delayed scaling (``bfp.scaled``),
+        """A buffer ``amax_history_<point>`` for every point with delayed scaling (``bfp.formats.scaled``),
         of its history's length, on the layer's device; stale ones go. Buffers are state_dict
         entries, so checkpoints carry the histories."""
         dev = next((p.device for p in self.parameters(recurse=False) if not p.is_meta), torch.device("cpu"))

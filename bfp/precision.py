@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from .formats import Float, Format, format_from_dict
+from .formats import Float, Format, as_float, format_from_dict
 from .kernels.exact import check_exact
 
 POINTS = ("fw", "fi", "fo", "bwo", "bwi", "bwg", "bio", "biw", "big")
@@ -92,8 +92,7 @@ class Accumulator:
     exact: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.fmt, Float):
-            raise ValueError(f"Accumulator fmt must be a Float format, got {self.fmt!r}")
+        as_float(self.fmt, "Accumulator fmt")
         if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
             raise ValueError(f"Accumulator chunk must be a positive integer, got {self.chunk!r}")
         if not isinstance(self.kahan, bool):
@@ -102,8 +101,8 @@ class Accumulator:
         self._check_products()
 
     def _check_products(self):
-        if self.mul is not None and not isinstance(self.mul, Float):
-            raise ValueError(f"Accumulator mul must be a Float format or None, got {self.mul!r}")
+        if self.mul is not None:
+            as_float(self.mul, "Accumulator mul (a Float format or None)")
         for name in ("fma", "exact"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Accumulator {name} must be True or False, got {getattr(self, name)!r}")

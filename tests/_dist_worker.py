@@ -34,7 +34,7 @@ from bfp.distributed.reduce import RoundedReduce  # noqa: E402
 from bfp.distributed.hook import RoundedHookState, rounded_allreduce_hook  # noqa: E402
 from bfp.dynamic import DynamicPrecision  # noqa: E402
 from bfp.formats import Float, format_from_name  # noqa: E402
-from bfp.mx import MX  # noqa: E402
+from bfp.formats.mx import MX  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 # name -> RoundedReduce keyword arguments (the test builds the same reductions)

@@ -14,7 +14,7 @@ from bfp.cli.tasks import TASKS
 from bfp.data import cifar as D
 from bfp.engine.step import PlainStep
 from bfp.formats import BlockFloat, format_from_name
-from bfp.mx import MX
+from bfp.formats.mx import MX
 from bfp.kernels import quantize
 from bfp.layers import QLinear
 from bfp.overflow import OverflowFlag, overflow_limit, watching

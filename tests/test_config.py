@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from bfp.config import (ConfigError, NetConfig, Rule, config_from_dict, legacy_dict, legacy_entry,
                         legacy_group, load_config, preset_names)
 from bfp.formats import BlockFloat, Float, format_from_name
-from bfp.mx import MX
+from bfp.formats.mx import MX
 from bfp.precision import POINTS, LayerPrecision
 
 FB12, FB16, FB24 = BlockFloat(4, (1, 24, 3, 3)), BlockFloat(8, (1, 12, 3, 3)), BlockFloat(16, (1, 6, 3, 3))

@@ -13,7 +13,7 @@ from bfp.config import ConfigError, load_config, preset_names
 from bfp.conversion import (conversion_report, convert, convertible_layers, generate_config,
                          load_precision_state, precision_state)
 from bfp.formats import BlockFloat, format_from_name
-from bfp.mx import MX
+from bfp.formats.mx import MX
 from bfp.layers import Matmul, QConv1d, QConv2d, QLinear, QMatmul
 from bfp.precision import LayerPrecision
 

@@ -14,7 +14,7 @@ from bfp.distributed import env as dist_env
 from bfp.distributed.reduce import RoundedReduce, aps_shift, check_grad_format, ring_owner
 from bfp.data import cifar as data_mod
 from bfp.formats import Float, format_from_name
-from bfp.mx import MX
+from bfp.formats.mx import MX
 from bfp.kernels import quantize as bfp_quantize
 from bfp.optim.lars import LARS
 

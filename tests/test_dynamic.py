@@ -15,7 +15,7 @@ import bfp
 from bfp.dynamic import (CSV_FIELDS, CSV_NAME, DynamicPrecision, SimpleController, SimpleSpec,
                          format_table, ladder_step, main, parse_spec, plot_precision, read_log)
 from bfp.formats import BlockFloat, Float
-from bfp.mx import MX
+from bfp.formats.mx import MX
 from bfp.layers import QConv2d, QLinear
 from bfp.precision import LayerPrecision
 

@@ -92,7 +92,7 @@ def test_format_from_dict_rejects_garbage():
 
 def test_mx_element_max_is_the_elements_largest_magnitude_before_the_scale():
     from bfp.formats import format_from_name
-    from bfp.mx import MX
+    from bfp.formats.mx import MX
     assert MX("int8").element_max == 127 / 64
     assert format_from_name("mxfp8_e4m3").element_max == 448.0
     assert format_from_name("mxfp4_e2m1").element_max == 6.0

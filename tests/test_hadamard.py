@@ -130,7 +130,7 @@ def test_the_kernel_equals_a_written_out_oracle_with_infinities_and_nans():
 @pytest.mark.parametrize("shape", [(37, 5), (3, 40, 2050), (2, 16, 33)])
 def test_the_fused_nvfp4_kernel_gives_the_two_steps_bits_and_draws(rounding, shape):
     from bfp.hadamard import transform_quantize
-    from bfp.nvfp4 import NVFP4
+    from bfp.formats.nvfp4 import NVFP4
     fmt, rht = NVFP4(axis=-2, rounding=rounding), Hadamard(16, seed=3)
     t = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))) * 5
     t.view(-1)[7] = float("nan")
@@ -146,7 +146,7 @@ def test_the_fused_nvfp4_kernel_gives_the_two_steps_bits_and_draws(rounding, sha
 
 def test_training_with_the_fused_kernel_equals_the_two_steps(monkeypatch):
     import bfp.kernels.nvfp4_rht as fused_kernel
-    from bfp.nvfp4 import NVFP4
+    from bfp.formats.nvfp4 import NVFP4
     gen = torch.Generator().manual_seed(4)
     x, w = torch.randn(3, 21, 40, generator=gen), torch.randn(24, 40, generator=gen)
     g = torch.randn(3, 21, 24, generator=gen)

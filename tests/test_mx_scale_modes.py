@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bfp import MX, format_from_name, quantize
-from bfp.mx import INT8
+from bfp.formats.mx import INT8
 from test_kernels import BACKENDS, assert_same_bits, float_oracle
 
 MODES = ("floor", "ceil", "even", "rceil")

@@ -12,7 +12,7 @@ from bfp import format_from_name, quantize
 from bfp.config.specs import parse_format
 from bfp.formats import format_from_dict
 from bfp.kernels import quantize_stats
-from bfp.nvfp4 import NVFP4
+from bfp.formats.nvfp4 import NVFP4
 from test_kernels import BACKENDS, assert_same_bits
 
 F32 = np.float32
@@ -157,7 +157,7 @@ import sys
 sys.path.insert(0, {tests!r})
 import torch
 from bfp import quantize
-from bfp.nvfp4 import NVFP4
+from bfp.formats.nvfp4 import NVFP4
 from test_nvfp4 import _edges
 bad = 0
 for fmt in (NVFP4(), NVFP4(block=8, tensor_scale=False), NVFP4(rounding="stochastic"), NVFP4(axis=0)):

@@ -29,7 +29,7 @@ from .presets import (find_preset, find_train_config, preset_dirs, preset_names,
                       train_config_names)
 from .rename import adapt_names
 from .rules import CONVERTIBLE_TYPES, LEGACY_PREFIX, MATCH_KINDS, NEW_KEYS, RULE_KEYS, NetConfig, Rule
-from .specs import (FORMAT_SPEC_KEYS, FULL, INHERITED_KEYS, OPERANDS, SPEC_KEYS, parse_accumulator, parse_format,
+from .specs import (format_spec_keys, FULL, INHERITED_KEYS, OPERANDS, SPEC_KEYS, parse_accumulator, parse_format,
                     parse_precision, precision_spec, with_rounding)
 
 __all__ = [
@@ -39,6 +39,6 @@ __all__ = [
     "ConfigLike", "config_from_dict", "load_config",
     "find_preset", "find_train_config", "preset_dirs", "preset_names", "train_config_dirs", "train_config_names",
     "CONVERTIBLE_TYPES", "LEGACY_PREFIX", "MATCH_KINDS", "NEW_KEYS", "RULE_KEYS", "NetConfig", "Rule",
-    "FORMAT_SPEC_KEYS", "FULL", "INHERITED_KEYS", "OPERANDS", "SPEC_KEYS", "parse_accumulator", "parse_format",
+    "format_spec_keys", "FULL", "INHERITED_KEYS", "OPERANDS", "SPEC_KEYS", "parse_accumulator", "parse_format",
     "parse_precision", "precision_spec", "with_rounding",
 ]

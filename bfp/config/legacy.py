@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from ..formats import BlockFloat, Format
+from ..formats import BlockFloat, Format  # BlockFloat: the legacy form's one format
 from ..precision import POINTS, LayerPrecision
 from .errors import _fail, _unknown_keys
 from .rules import LEGACY_PREFIX, NetConfig, Rule
@@ -133,8 +133,7 @@ def legacy_dict(precision: Optional[LayerPrecision], linear: bool = False, where
     """
     if precision is None or not precision.enabled:
         return {"type": "default"}
-    bad = [f"{p}={f!r}" for p, f in precision.formats().items()
-           if f is not None and not (isinstance(f, BlockFloat) and f.rounding.value == "truncate")]
+    bad = [f"{p}={f!r}" for p, f in precision.formats().items() if f is not None and f.legacy_spec() is None]
     if bad or precision.backward_source != "full" or precision.accumulator is not None:
         why = ", ".join(bad) or f"backward_source={precision.backward_source!r}, accumulator={precision.accumulator!r}"
         raise _fail("generate_config", where, f"the legacy form holds only truncating BlockFloat points, got {why}; "
@@ -144,7 +143,8 @@ def legacy_dict(precision: Optional[LayerPrecision], linear: bool = False, where
     dims: dict[str, tuple] = {}
     for p in POINTS:
         f = getattr(precision, p)
-        bits[p], dims[p] = (f.bits, f.group) if f is not None else _legacy_inherited(p, bits, dims, linear)
+        spec = f.legacy_spec() if f is not None else None
+        bits[p], dims[p] = (spec["bits"], spec["group"]) if spec else _legacy_inherited(p, bits, dims, linear)
         out.update({p: f is not None, f"{p}_bit": bits[p], f"{p}_dim": list(dims[p])})
     return out
 

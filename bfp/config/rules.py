@@ -12,9 +12,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ..mx import MX
-from ..nvfp4 import NVFP4
-from ..scaled import Scaled
 from ..layers import CONVERTIBLE
 from ..precision import POINTS, LayerPrecision
 from .errors import ConfigError, _fail, _suggest, _unknown_keys
@@ -207,16 +204,16 @@ class NetConfig:
             return
         for point in POINTS:
             fmt = getattr(precision, point)
-            if isinstance(fmt, (MX, NVFP4, Scaled)) and not -rank <= fmt.axis < rank:
+            if fmt is not None and fmt.scale_axis() is not None and not -rank <= fmt.scale_axis() < rank:
                 raise ConfigError(f"{self.source}: layer {name!r} ({type_name}), point {point}: "
                                   f"{type(fmt).__name__} axis "
-                                  f"{fmt.axis} is out of range; a {type_name}'s tensors have {rank} "
+                                  f"{fmt.scale_axis()} is out of range; a {type_name}'s tensors have {rank} "
                                   f"dimensions, allowed axes: {-rank}..{rank - 1}")
             want = CONTRACTION_AXIS[type_name].get(point)
-            if (want is not None and isinstance(fmt, (MX, NVFP4)) and isinstance(fmt.block, int)
-                    and fmt.axis % rank != want % rank):
+            along = fmt.contraction_axis() if fmt is not None else None
+            if want is not None and along is not None and along % rank != want % rank:
                 raise ConfigError(f"{self.source}: layer {name!r} ({type_name}), point {point}: "
-                                  f"{type(fmt).__name__} blocks lie along axis {fmt.axis}, but this point's "
+                                  f"{type(fmt).__name__} blocks lie along axis {along}, but this point's "
                                   f"GEMM contracts along axis {want}; give the point its own format with "
                                   f"\"axis\": {want} (the any_mxfp8 / any_nvfp4 presets list the axis of "
                                   f"every point)")

@@ -9,13 +9,9 @@ to the value types of ``bfp.formats`` and ``bfp.precision`` and write back
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
-from ..formats import BlockFloat, Float, Format, format_from_dict, format_from_name
-from ..mx import MX
-from ..nvfp4 import NVFP4
-from ..scaled import Scaled
+from ..formats import Format, format_from_dict, format_from_name, spec_families
 from ..precision import (BACKWARD_SOURCES, POINTS, Accumulator, LayerPrecision, accumulator_from_dict,
                          hadamard_from_dict)
 from ..tensorcore import FUSED_PRESETS, accumulator_from_name
@@ -26,53 +22,26 @@ OPERANDS = ("fw", "fi", "bwo", "bwi", "bio", "biw")
 FULL = "full"  # the precision value that keeps a layer in full precision
 
 
-FORMAT_SPEC_KEYS = {
-    "bfp": ("bfp", "group", "rounding"),
-    "float": ("float", "rounding", "subnormals", "overflow", "encoding"),
-    "mx": ("mx", "block", "axis", "rounding", "scale_mode"),
-    "nvfp4": ("nvfp4", "axis", "rounding", "tensor_scale", "convention"),  # {"nvfp4": 16} or {"nvfp4": [16, 16]}
-    "scaled": ("scaled", "granularity", "axis", "pow2", "rounding"),
-    "name": ("name", "rounding"),
-}
-_FORMAT_ALLOWED = ("a format name (bfp.format_names(), e.g. 'fb16', 'float8_e4m3fn', 'mxfp8_e4m3'), "
-                   "null, or an object {\"bfp\": bits, \"group\": [..]}, {\"float\": [exp, man]}, "
-                   "{\"mx\": element, \"block\": 32, \"axis\": -1, \"scale_mode\": \"rceil\"}, "
-                   "{\"nvfp4\": 16, \"axis\": -1}, {\"scaled\": \"e4m3\", \"granularity\": \"row\"}, "
-                   "{\"name\": name, \"rounding\": ..} "
-                   "or a saved format dict with \"kind\"")
+def format_spec_keys() -> dict[str, tuple[str, ...]]:
+    """Each family's spec key -> the keys its object takes (the families own them:
+    ``bfp.formats.spec_families``), and ``{"name": .., "rounding": ..}``."""
+    return {**{k: sp.keys for k, sp in spec_families().items()}, "name": ("name", "rounding")}
+
+
+def _format_allowed() -> str:
+    objs = ", ".join(sp.example for sp in spec_families().values())
+    return ("a format name (bfp.format_names(), e.g. 'fb16', 'float8_e4m3fn', 'mxfp8_e4m3'), null, or an object "
+            f"{objs}, {{\"name\": name, \"rounding\": ..}} or a saved format dict with \"kind\"")
 
 
 def with_rounding(fmt: Format, rounding: str) -> Format:
     """``fmt`` with its rounding mode replaced (an MX format's element rounding)."""
-    if isinstance(fmt, (Float, BlockFloat)):
-        return dataclasses.replace(fmt, rounding=rounding)
-    if isinstance(fmt, MX):
-        if not isinstance(fmt.element, Float):
-            if rounding != "nearest":
-                raise ValueError(f"MX int8 elements round to nearest only, got rounding={rounding!r}")
-            return fmt
-        return dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding=rounding))
-    if isinstance(fmt, NVFP4):
-        return dataclasses.replace(fmt, rounding=rounding)
-    if isinstance(fmt, Scaled):
-        return dataclasses.replace(fmt, fmt=dataclasses.replace(fmt.fmt, rounding=rounding))
-    raise ValueError(f"cannot set rounding on {fmt!r}")
-
-
-def _float_element(value: Any) -> Union[Float, str]:
-    if value == "int8":
-        return value
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return Float(*value)
-    el = format_from_name(value)
-    if not isinstance(el, Float):
-        raise ValueError(f"{value!r} is not a Float format")
-    return el
+    return fmt.with_rounding(rounding)
 
 
 def parse_format(value: Any, rounding: Optional[str] = None, source: str = "<dict>",
                  where: str = "") -> Optional[Format]:
-    """A format name or spec (see ``_FORMAT_ALLOWED``) as a ``Format``; ``None`` for null.
+    """A format name or spec (see ``_format_allowed``) as a ``Format``; ``None`` for null.
 
     ``rounding``, when given, replaces the rounding of a named format and is
     the default of a spec that does not set its own.
@@ -87,36 +56,21 @@ def parse_format(value: Any, rounding: Optional[str] = None, source: str = "<dic
             raise ValueError(f"{value!r} is not a format")
         if "kind" in value:  # a saved Format.to_dict(): complete as it stands
             return format_from_dict(value)
-        family = [k for k in FORMAT_SPEC_KEYS if k in value]
+        keys = format_spec_keys()
+        family = [k for k in keys if k in value]
         if len(family) != 1:
-            raise ValueError(f"{value!r} needs exactly one of {', '.join(repr(k) for k in FORMAT_SPEC_KEYS)}")
+            raise ValueError(f"{value!r} needs exactly one of {', '.join(repr(k) for k in keys)}")
         family = family[0]
-        _unknown_keys(value, FORMAT_SPEC_KEYS[family], source, where)
+        _unknown_keys(value, keys[family], source, where)
         rnd = value.get("rounding", rounding)
         opts = {k: v for k, v in value.items() if k not in (family, "rounding")}
-        if family == "bfp":
-            if "group" not in opts:
-                raise ValueError("a {\"bfp\": bits} spec needs \"group\": [..], e.g. [1,16,1,1]")
-            fmt: Format = BlockFloat(value["bfp"], opts["group"])
-        elif family == "float":
-            f = value["float"]
-            base = Float(*f) if isinstance(f, (list, tuple)) and len(f) == 2 else _float_element(f)
-            if not isinstance(base, Float):
-                raise ValueError(f"'float' needs [exp, man] or a Float format name, got {f!r}")
-            fmt = dataclasses.replace(base, **opts)
-        elif family == "mx":
-            fmt = MX(_float_element(value["mx"]), **opts)
-        elif family == "nvfp4":  # {"nvfp4": block, "axis": 1}
-            fmt = NVFP4(value["nvfp4"], **opts)
-        elif family == "scaled":  # {"scaled": "e4m3", "granularity": "row", "axis": -1, "pow2": true}
-            fmt = Scaled(_float_element(value["scaled"]), **opts)
-        else:
-            fmt = format_from_name(value["name"])
+        specs = spec_families()
+        fmt = specs[family].parse(value[family], opts) if family in specs else format_from_name(value["name"])
         return fmt if rnd is None else with_rounding(fmt, rnd)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
-        raise _fail(source, where, f"{e}; allowed: {_FORMAT_ALLOWED}") from None
+        raise _fail(source, where, f"{e}; allowed: {_format_allowed()}") from None
 
 
 SPEC_KEYS = POINTS + ("operands", "rounding", "backward_source", "accumulator", "rht")

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 
 from ..conversion import short_format
-from ..formats import Float, Rounding
+from ..formats import Rounding
 from ..kernels import quantize_stats
 from ..layers import CONVERTIBLE, chain_quantize_hooks, restore_quantize_hooks
 from ..precision import POINTS
@@ -43,8 +43,9 @@ _Q_TYPES = tuple(CONVERTIBLE.values())
 
 
 def format_max(fmt) -> Optional[float]:
-    """The largest finite magnitude of a fixed-range format (``Float``), else None."""
-    return float(fmt.max) if isinstance(fmt, Float) else None
+    """The largest finite magnitude of a fixed-range format (``Float``, ``P3109``), else None."""
+    rng = fmt.value_range() if fmt is not None else None
+    return float(rng.max) if rng is not None else None
 
 
 class _Sums:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import BlockFloat, Encoding, Float
-from ..mx import MX
+from ..formats.mx import MX
 from ..kernels import quantize
 from ..precision import POINTS
 from .points import PointDiagnostics, _Sums, measure_step

@@ -9,7 +9,6 @@ saves all of that in checkpoints.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -17,7 +16,6 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from ..engine.callbacks import Callback
-from ..formats import BlockFloat
 from ..precision import LINKED_PAIRS, LayerPrecision
 from .controller import SimpleController
 from .meter import ZseMeter
@@ -136,7 +134,7 @@ class DynamicPrecision(Callback):
         fmts = module.precision.formats()
         out = {}
         for pair in LINKED_PAIRS:
-            pts = tuple(p for p in pair if isinstance(fmts[p], BlockFloat))
+            pts = tuple(p for p in pair if fmts[p] is not None and fmts[p].adjustable_bits is not None)
             if pts:
                 out[pair_name(pair)] = pts
         return out
@@ -158,7 +156,7 @@ class DynamicPrecision(Callback):
                 pair_zse = None if not values else (
                     max(values) if self.spec.combine == "max" else sum(values) / len(values))
                 key = f"{name}|{pname}"
-                observations[key] = (pair_zse, fmts[pts[0]].bits)
+                observations[key] = (pair_zse, fmts[pts[0]].adjustable_bits)
                 targets[key] = (name, module, pname, pts)
         decision = self.controller.decision
         new_bits = self.controller.decide(observations)
@@ -169,8 +167,8 @@ class DynamicPrecision(Callback):
             if direction:
                 for p in pts:
                     fmt = module.precision.formats()[p]
-                    module.set_format(p, dataclasses.replace(
-                        fmt, bits=ladder_step(fmt.bits, direction, self.spec.ladder)))
+                    module.set_format(p, fmt.with_bits(ladder_step(fmt.adjustable_bits, direction,
+                                                                   self.spec.ladder)))
             rows.append({"decision": decision, "step": step, "epoch": epoch, "layer": name, "pair": pname,
                          "zse": pair_zse, "old_bits": old, "new_bits": new_bits[key]})
         self._reset_counts()
@@ -178,7 +176,8 @@ class DynamicPrecision(Callback):
 
     def bits(self) -> dict[str, dict[str, int]]:
         """Current bits of every BlockFloat point of the managed layers."""
-        return {name: {p: f.bits for p, f in m.precision.formats().items() if isinstance(f, BlockFloat)}
+        return {name: {p: f.adjustable_bits for p, f in m.precision.formats().items()
+                       if f is not None and f.adjustable_bits is not None}
                 for name, m in self.layers.items()}
 
     def _apply_bits(self, bits: Mapping[str, Mapping[str, int]]) -> None:
@@ -189,11 +188,12 @@ class DynamicPrecision(Callback):
             module = self.layers[name]
             fmts = module.precision.formats()
             for p, b in points.items():
-                if not isinstance(fmts.get(p), BlockFloat):
+                fmt = fmts.get(p)
+                if fmt is None or fmt.adjustable_bits is None:
                     raise ValueError(f"dynamic precision state has bits for {name}.{p}, which is "
-                                     f"{fmts.get(p)!r} in this model, not a BlockFloat")
-                if fmts[p].bits != b:
-                    module.set_format(p, dataclasses.replace(fmts[p], bits=int(b)))
+                                     f"{fmt!r} in this model, not a BlockFloat")
+                if fmt.adjustable_bits != b:
+                    module.set_format(p, fmt.with_bits(b))
 
     # -- callback protocol ------------------------------------------------------------
     def sync_hooks(self) -> None:

@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from ..conversion import short_format
-from ..formats import Float, Format
+from ..formats import Format
 from ..layers import CONVERTIBLE, QUANTIZED_TYPES
 from .callbacks import Callback
 
@@ -189,10 +189,11 @@ def draw(counts: dict[str, torch.Tensor], formats: dict[str, list], path: Path, 
         labels = []
         for (points, fmt), shade in zip(formats.get(name, []), _SHADES):
             labels.append(f"{points}: {_short(fmt)}")
-            if isinstance(fmt, Float):
-                lo_sub = fmt.emin - fmt.man if fmt.subnormals else fmt.emin
-                ax.axvspan(lo_sub - 0.5, fmt.emin - 0.5, color=shade, alpha=0.12)
-                ax.axvspan(fmt.emin - 0.5, math.log2(fmt.max) + 0.5, color=shade, alpha=0.25,
+            rng = fmt.value_range() if fmt is not None else None
+            if rng is not None:
+                lo_sub, emin = math.log2(rng.min_subnormal), math.log2(rng.min_normal)
+                ax.axvspan(lo_sub - 0.5, emin - 0.5, color=shade, alpha=0.12)
+                ax.axvspan(emin - 0.5, math.log2(rng.max) + 0.5, color=shade, alpha=0.25,
                            label=f"{_short(fmt)} range (light: subnormal)")
         for x, label in FP16_LINES:
             ax.axvline(x + (0.5 if x == FP16_LINES[2][0] else -0.5), color="tab:orange", ls="--", lw=1,

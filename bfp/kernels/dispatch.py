@@ -5,9 +5,7 @@ from typing import Optional
 
 import torch
 
-from ..formats import Format, Rounding
-from ..nvfp4 import NVFP4
-from ..scaled import Scaled
+from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, kernel_for, register_kernel
 from . import nvfp4, scaled
 from .pages import advise
 from .plan import canonical_4d, rule_for, tile_for
@@ -27,8 +25,8 @@ def _keys(generator: Optional[torch.Generator]) -> tuple[int, int]:
 
 def _check(x, fmt) -> None:
     if not isinstance(fmt, Format):
-        raise TypeError(f"quantize needs a bfp format (Float, BlockFloat, MX), got {fmt!r}; "
-                        "use bfp.format_from_name for names")
+        raise TypeError(f"quantize needs a bfp format (bfp.formats: Float, BlockFloat, MX, NVFP4, Scaled, P3109), "
+                        f"got {fmt!r}; use bfp.format_from_name for names")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"quantize needs a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _FLOAT_DTYPES:
@@ -74,23 +72,30 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     backend = backend or ("cuda" if x.is_cuda else "cpu")
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    if isinstance(fmt, NVFP4):  # two-level scaling: its own kernels (bfp.kernels.nvfp4)
-        return _nvfp4(x, fmt, generator, backend, stats)
-    if isinstance(fmt, Scaled) and fmt.delayed:
+    return kernel_for(fmt)(x, fmt, generator, backend, stats)
+
+
+def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):
+    """Scale, round as ``fmt.fmt``, unscale (``kernels.scaled``)."""
+    if fmt.delayed:
         raise ValueError(f"{fmt!r} is delayed scaling: its amax history is state of a quantized layer's point; "
                          f"use it in a layer's precision (bfp.quantize alone has no history)")
-    if isinstance(fmt, Scaled) and x.device.type != "meta" and x.numel():  # scale, round as fmt.fmt, unscale
-        x32 = x.detach().to(torch.float32).contiguous()
-        rnd = lambda y, f: quantize_stats(y, f, generator=generator, backend=backend, stats=False)[0]  # noqa: E731
-        if fmt.granularity == "tensor" or x32.dim() == 0:
-            out = scaled.tensorwise(x32, fmt, rnd, keys=scaled_keys(fmt, generator, backend, x32))
-        else:
-            y, scale = scaled.prepare(x32, fmt)
-            out = scaled.finish(rnd(y, fmt.fmt), scale)
-        counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
-        return out.to(x.dtype), counts
-    if isinstance(fmt, Scaled):
-        fmt = fmt.fmt
+    if x.device.type == "meta" or not x.numel():
+        return element_rule(x, fmt.fmt, generator, backend, stats)
+    x32 = x.detach().to(torch.float32).contiguous()
+    rnd = lambda y, f: quantize_stats(y, f, generator=generator, backend=backend, stats=False)[0]  # noqa: E731
+    if fmt.granularity == "tensor" or x32.dim() == 0:
+        out = scaled.tensorwise(x32, fmt, rnd, keys=scaled_keys(fmt, generator, backend, x32))
+    else:
+        y, scale = scaled.prepare(x32, fmt)
+        out = scaled.finish(rnd(y, fmt.fmt), scale)
+    counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
+    return out.to(x.dtype), counts
+
+
+def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: bool):
+    """The families one element rule rounds (``plan.rule_for``): Float, BlockFloat, MX and the
+    ones that register a rule with ``plan.register_rule``."""
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
     keys = _keys(generator) if rule.mode == 2 else (0, 0)
@@ -121,3 +126,8 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
             from . import cuda
             counts = cuda.run(x32, out, rule, shape4, tile4, keys, stats)
     return out.to(x.dtype), counts
+
+
+for _family, _kernel in ((Float, element_rule), (BlockFloat, element_rule), (MX, element_rule), (NVFP4, _nvfp4),
+                         (Scaled, _scaled)):
+    register_kernel(_family, _kernel)

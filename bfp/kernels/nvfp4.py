@@ -1,4 +1,4 @@
-"""NVFP4 quantization (the rule is ``bfp.nvfp4``'s docstring): a PyTorch reference, which also
+"""NVFP4 quantization (the rule is ``bfp.formats.nvfp4``'s docstring): a PyTorch reference, which also
 runs CUDA tensors, and the dispatch to the Numba CPU (``nvfp4_cpu``) and CUDA (``nvfp4_cuda``)
 kernels, which do the same float32 operations in the same order.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
+from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
 from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale
 from .plan import MODE, rule_for

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from ..formats import Encoding, Float, Rounding
-from ..nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
+from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
 
 E4M3 = Float(4, 3, encoding=Encoding.FN)  # the block scale
 E2M1 = {r: Float(2, 1, r, encoding=Encoding.FINITE) for r in (Rounding.NEAREST, Rounding.STOCHASTIC)}

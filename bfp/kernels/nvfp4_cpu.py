@@ -1,4 +1,4 @@
-"""NVFP4 as Numba CPU kernels (the rule is ``bfp.nvfp4``'s docstring). Imported, and compiled,
+"""NVFP4 as Numba CPU kernels (the rule is ``bfp.formats.nvfp4``'s docstring). Imported, and compiled,
 on first use; they equal ``bfp.kernels.nvfp4.reference`` bit for bit (tests/test_nvfp4.py).
 
 The tensor is seen as ``(A, R, C)``: ``R`` the block axis, ``A`` the axes before it, ``C``
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
+from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .cpu import _elem, _rand32, _tile_consts, specialise
 from .nvfp4_codes import CHUNK, E2M1, tensor_scale
 from .pages import advise

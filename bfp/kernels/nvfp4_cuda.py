@@ -1,4 +1,4 @@
-"""NVFP4 as Numba CUDA kernels (the rule is ``bfp.nvfp4``'s docstring). Imported, and compiled,
+"""NVFP4 as Numba CUDA kernels (the rule is ``bfp.formats.nvfp4``'s docstring). Imported, and compiled,
 on first use; with ``NUMBA_ENABLE_CUDASIM=1`` they run on the CPU, which is how the tests check
 them against the reference without a GPU.
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from numba import cuda
 
-from ..nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
+from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .cuda import SIMULATOR, THREADS, _device_array, _rand32
 
 F32 = np.float32

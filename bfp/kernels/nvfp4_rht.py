@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from numba import prange
 
-from ..nvfp4 import NVFP4
+from ..formats.nvfp4 import NVFP4
 from .cpu import _rand32, _tile_consts, specialise
 from .hadamard_cpu import load_transformed, work_items
 from .nvfp4_codes import E2M1, tensor_scale

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
+from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
 from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float
 from .plan import rule_for
 from .reference import quantize_bits, tile_max

@@ -21,10 +21,10 @@ before the E8M0 clamp.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..formats import BlockFloat, Encoding, Float, Format, Overflow, Rounding
-from ..mx import INT8, MX
+from ..formats.mx import INT8, MX
 
 KIND_FLOAT, KIND_FIXED = 0, 1
 MODE = {Rounding.TRUNCATE: 0, Rounding.NEAREST: 1, Rounding.STOCHASTIC: 2}
@@ -58,10 +58,21 @@ def _float_rule(f: Float, mode: int, scale: int, soff: int) -> Rule:
                 int(f.overflow is Overflow.INF), int(not f.has_inf))
 
 
+_RULES: dict[type, Callable[[Format], Rule]] = {}
+
+
+def register_rule(family: type, rule: Callable[[Format], Rule]) -> None:
+    """A family the element rule rounds, beyond Float, BlockFloat and MX: ``rule(fmt)`` gives its
+    parameters (register its kernel as ``dispatch.element_rule`` too)."""
+    _RULES[family] = rule
+
+
 @functools.lru_cache(maxsize=256)
 def rule_for(fmt: Format) -> Rule:
     """The element rule's parameters of ``fmt`` (cached: formats are frozen values,
     and this runs on every quantize call)."""
+    if type(fmt) in _RULES:
+        return _RULES[type(fmt)](fmt)
     if isinstance(fmt, Float):
         return _float_rule(fmt, MODE[fmt.rounding], SCALE_NONE, 0)
     if isinstance(fmt, BlockFloat):
@@ -77,7 +88,7 @@ def rule_for(fmt: Format) -> Rule:
 
 def tile_for(fmt: Format, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """Tile shape over ``shape``, or None for element-wise formats."""
-    if isinstance(fmt, Float):
+    if fmt.elementwise:
         return None
     if isinstance(fmt, BlockFloat):
         return fmt.group_for(len(shape))

@@ -1,4 +1,4 @@
-"""The scaling steps of ``bfp.scaled.Scaled`` around the element rounding (which is the plain
+"""The scaling steps of ``bfp.formats.scaled.Scaled`` around the element rounding (which is the plain
 ``Float`` path of ``dispatch``): amax, the scale, ``x * scale`` clamped, and ``q / scale``.
 PyTorch float32 operations, so the same on every device."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..scaled import Scaled
+from ..formats.scaled import Scaled
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -52,7 +52,7 @@ def tensorwise(x32: torch.Tensor, fmt: Scaled, rounding: Callable, given_amax: O
 
 def prepare(x32: torch.Tensor, fmt: Scaled, given_amax: Optional[torch.Tensor] = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(clamp(x * scale, -max, max), scale)`` of float32 ``x32`` (steps 1-3 of ``bfp.scaled``);
+    """``(clamp(x * scale, -max, max), scale)`` of float32 ``x32`` (steps 1-3 of ``bfp.formats.scaled``);
     ``given_amax``: delayed scaling's amax (the history's largest) instead of ``x32``'s."""
     if given_amax is not None:
         top = given_amax.to(device=x32.device, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Per-tensor scaled rounding (``bfp.scaled``, one scale for the whole tensor) as Numba CPU
+"""Per-tensor scaled rounding (``bfp.formats.scaled``, one scale for the whole tensor) as Numba CPU
 kernels: the finite amax in one pass, then ``q = fmt(clamp(x * scale)) / scale`` per element
 in a second, fused pass: the same float32 operations as ``bfp.kernels.scaled``'s PyTorch
 steps, in the same order, with ``fmt`` rounded by the shared element rule (``scalar.py``), so

@@ -33,10 +33,12 @@ layer, refuses a delayed format.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
-from .formats import Float, Format, format_from_dict, format_from_name, register_family
+from .base import Format, Spec, format_from_dict, format_from_name, register_family
+from .float import Float, float_element
 
 GRANULARITIES = ("tensor", "row")
 
@@ -84,6 +86,12 @@ class Scaled(Format):
     def history_length(self) -> int:
         return self.history
 
+    def scale_axis(self) -> Optional[int]:
+        return self.axis
+
+    def with_rounding(self, rounding: Any) -> "Scaled":
+        return dataclasses.replace(self, fmt=dataclasses.replace(self.fmt, rounding=rounding))
+
     def short_name(self, name_of=None) -> str:
         where = "t" if self.granularity == "tensor" else f"r@{self.axis}"
         inner = name_of(self.fmt) if name_of is not None else self.fmt.short_name()
@@ -113,4 +121,6 @@ def _presets() -> dict[str, Scaled]:
     return out
 
 
-register_family("scaled", Scaled, _presets())
+register_family("scaled", Scaled, _presets(),
+                spec=Spec("scaled", ("scaled", "granularity", "axis", "pow2", "rounding"),
+                          lambda v, o: Scaled(float_element(v), **o), '{"scaled": "e4m3", "granularity": "row"}'))

@@ -35,10 +35,11 @@ reciprocal); it differs from this one in the block scales of a tensor with outli
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
-from .formats import Format, Rounding, block_shape, register_family
+from .base import Format, Rounding, Spec, block_shape, register_family
 
 E2M1_MAX, E4M3_MAX, E4M3_TINY = 6.0, 448.0, 2.0 ** -6
 CONVENTIONS = ("bfpsim", "te")
@@ -91,6 +92,19 @@ class NVFP4(Format):
         axis = self.axis % len(shape)
         return block[len(block) - 1 - axis] if axis < len(block) else 1
 
+    def scale_axis(self) -> Optional[int]:
+        return self.axis
+
+    def contraction_axis(self) -> Optional[int]:
+        return self.axis if isinstance(self.block, int) else None
+
+    def with_rounding(self, rounding: Any) -> "NVFP4":
+        return dataclasses.replace(self, rounding=rounding)
+
+    def rht_fused_block(self) -> Optional[int]:
+        """The 1-D block size the Hadamard transform's fused kernel rounds to (bfpsim's convention)."""
+        return self.block if self.convention == "bfpsim" and isinstance(self.block, int) else None
+
     def __repr__(self) -> str:
         extra = "" if self.rounding is Rounding.NEAREST else f", rounding={self.rounding}"
         extra += "" if self.tensor_scale else ", tensor_scale=False"
@@ -109,4 +123,6 @@ class NVFP4(Format):
 
 register_family("nvfp4", NVFP4, {"nvfp4": NVFP4(), "nvfp4_sr": NVFP4(rounding=Rounding.STOCHASTIC),
                                  "nvfp4_te": NVFP4(convention="te"),
-                                 "nvfp4_te_sr": NVFP4(rounding=Rounding.STOCHASTIC, convention="te")})
+                                 "nvfp4_te_sr": NVFP4(rounding=Rounding.STOCHASTIC, convention="te")},
+                spec=Spec("nvfp4", ("nvfp4", "axis", "rounding", "tensor_scale", "convention"),
+                          lambda v, o: NVFP4(v, **o), '{"nvfp4": 16, "axis": -1}'))

@@ -1,7 +1,7 @@
 """OCP Microscaling (MX v1.0) block formats: elements of a ``Float`` (or MXINT8) sharing one
 E8M0 power-of-two scale per block, with the scale's rounding modes.
 
-A family of its own beside ``bfp.formats`` (as ``bfp.nvfp4`` and ``bfp.scaled``): it registers
+A family of its own in the ``bfp.formats`` package (as ``nvfp4`` and ``scaled``): it registers
 its ``to_dict`` kind ``"mx"``, the presets ``mxfp8_e4m3`` ... ``mxint8`` and the names with a
 scale mode (``mxfp8_e4m3_rceil``) with ``bfp.formats``. Numerics in ``MX``'s docstring and
 ``docs/formats.md``.
@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from .formats import _RND, Float, Format, Overflow, Rounding, block_shape, format_from_dict, format_from_name, register_family
+from .base import _RND, Format, Overflow, Rounding, Spec, block_shape, format_from_dict, format_from_name, register_family
+from .float import Float, float_element
 
 __all__ = ["INT8", "MX", "MX_SCALE_MODES"]
 
@@ -119,6 +120,19 @@ class MX(Format):
     def tile_rows(self, shape: tuple[int, ...]) -> int:
         return self.tile(shape)[0] if shape else 1
 
+    def scale_axis(self) -> Optional[int]:
+        return self.axis
+
+    def contraction_axis(self) -> Optional[int]:
+        return self.axis if isinstance(self.block, int) else None
+
+    def with_rounding(self, rounding: Any) -> "MX":
+        if not isinstance(self.element, Float):
+            if Rounding(rounding) is not Rounding.NEAREST:
+                raise ValueError(f"MX int8 elements round to nearest only, got rounding={rounding!r}")
+            return self
+        return dataclasses.replace(self, element=dataclasses.replace(self.element, rounding=rounding))
+
     def overflow_limit(self) -> float:
         return self.element_max * 2.0 ** 127
 
@@ -165,4 +179,6 @@ register_family("mx", _from_dict, {
     "mxfp8_e4m3": MX("float8_e4m3fn"), "mxfp8_e5m2": MX("float8_e5m2"), "mxfp6_e3m2": MX("float6_e3m2fn"),
     "mxfp6_e2m3": MX("float6_e2m3fn"), "mxfp4_e2m1": MX("float4_e2m1fn"), "mxint8": MX(INT8)},
     by_name=_by_name,
+    spec=Spec("mx", ("mx", "block", "axis", "rounding", "scale_mode"), lambda v, o: MX(float_element(v), **o),
+              '{"mx": element, "block": 32, "axis": -1, "scale_mode": "rceil"}'),
     name_hint=f"an MX name may end in a scale mode: _{', _'.join(MX_SCALE_MODES)}, e.g. mxfp8_e4m3_rceil")
