@@ -436,3 +436,13 @@ def test_a_float_without_mantissa_bits_breaks_ties_to_the_even_exponent_code(bac
     mx = MX(Float(3, 0, encoding="finite"), block=4)
     y = torch.tensor([32.0, 6.0, 12.0, 3.0])
     assert quantize_stats(y, mx, backend=backend)[0].tolist() == [32.0, 4.0, 16.0, 4.0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_truncation_never_rounds_past_max_even_where_overflow_gives_inf(backend):
+    x = torch.tensor([1e6, -1e6, 61440.0, 65536.0, float("inf")])  # e5m2: max 57344, next binade 65536
+    trunc = Float(5, 2, "truncate", overflow="inf")
+    assert quantize_stats(x, trunc, backend=backend)[0].tolist() == [57344.0, -57344.0, 57344.0, 57344.0, float("inf")]
+    near = Float(5, 2, "nearest", overflow="inf")
+    assert quantize_stats(x, near, backend=backend)[0].tolist() == [float("inf"), -float("inf"), float("inf"),
+                                                                    float("inf"), float("inf")]

@@ -31,7 +31,9 @@ class Float(Format):
       with ``False`` the value is rounded as if subnormals existed and a result
       below the smallest normal ``2**emin`` is flushed to a zero of ``x``'s sign.
     * overflow: a rounded finite magnitude above ``max`` becomes ``±max``
-      (``overflow="saturate"``) or ``±inf`` (``"inf"``, IEEE encoding only).
+      (``overflow="saturate"``) or ``±inf`` (``"inf"``, IEEE encoding only). ``truncate``
+      never rounds past ``max``: a finite value beyond it gives ``±max`` either way (as IEEE
+      754's round toward zero).
     * NaN stays NaN. ``±inf`` stays ``±inf`` where the encoding has Inf and
       becomes NaN where it has not (``FN``/``FINITE``): never a finite value.
     * zeros keep their sign; results that round to zero are signed zeros.

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .plan import KIND_FIXED, MX_SCALE, SCALE_MX, SCALE_NONE, Rule
-from .scalar import EXP_INF, MAG, QNAN
+from .scalar import EXP_INF, INF_NAN, INF_SAT, MAG, NEG_NAN, NEG_ZERO, NO_NEG_ZERO, QNAN
 
 
 def _ilog2(v: torch.Tensor) -> torch.Tensor:
@@ -123,13 +123,28 @@ def quantize_bits(xb: torch.Tensor, rule: Rule, tile, keys) -> torch.Tensor:
         kept, exact = _round_mag(mm, q, mode, 2 ** 31 - 1, r, (q - es + 1) & 1 if man == 0 else None)
         rb = torch.where(exact, mm, _bits_of(kept, q))
         maxb = _bits_of(torch.full_like(s, maxkept), emaxq + s)
-        rb = torch.where(rb > maxb, EXP_INF if ovf_inf else maxb, rb)
+        over = maxb if ovf_inf == 0 or mode == 0 else torch.full_like(maxb, EXP_INF if ovf_inf == 1 else QNAN)
+        rb = torch.where(rb > maxb, over, rb)
         if ftz:
             rb = torch.where(rb < _bits_of(torch.ones_like(s), es), 0, rb)
     out = torch.where(xb < 0, rb - 2 ** 31, rb)
     out = torch.where(m == 0, xb, out)
-    nonfinite = xb if not inf_nan else torch.where(m == EXP_INF, QNAN, xb)
-    return torch.where(finite, out, nonfinite)
+    nonfinite = xb
+    if inf_nan & INF_NAN:
+        nonfinite = torch.where(m == EXP_INF, QNAN, xb)
+    elif inf_nan & INF_SAT:  # ±max, the sign kept
+        top = maxb if kind != KIND_FIXED else torch.zeros_like(m)
+        nonfinite = torch.where(m == EXP_INF, torch.where(xb < 0, top - 2 ** 31, top), xb)
+    out = torch.where(finite, out, nonfinite)
+    if inf_nan & (NO_NEG_ZERO | NEG_NAN | NEG_ZERO):  # P3109: one zero; unsigned: no negative values
+        mag = out & MAG
+        out = torch.where(mag == 0, 0, out)
+        neg = (xb < 0) & (mag != 0) & (mag <= EXP_INF)
+        if inf_nan & NEG_ZERO:
+            out = torch.where(neg, 0, out)
+        elif inf_nan & NEG_NAN:
+            out = torch.where(neg, QNAN, out)
+    return out
 
 
 def quantize_reference(x32: torch.Tensor, rule: Rule, tile, keys) -> torch.Tensor:

@@ -15,6 +15,14 @@ import builtins
 MAG = 0x7FFFFFFF  # magnitude bits of a float32
 EXP_INF = 0x7F800000
 QNAN = 0x7FC00000
+# The element rule's special-value switches (``Rule.inf_nan``, a bit set):
+INF_NAN = 1        # an Inf input becomes NaN (the format has no Inf)
+INF_SAT = 2        # an Inf input becomes ±max (P3109's saturating projections)
+NO_NEG_ZERO = 4    # every zero result is +0 (the format has one zero)
+NEG_NAN = 8        # unsigned: a negative input that does not round to 0 becomes NaN
+NEG_ZERO = 16      # unsigned, saturating: a negative input becomes +0, the nearest value it has
+# ``Rule.ovf_inf``: what a finite value rounded past max becomes: 0 ±max, 1 ±Inf, 2 NaN; truncation
+# never rounds past max (IEEE 754's round toward zero gives ±max there).
 
 
 def ilog2(v):
@@ -150,12 +158,25 @@ def _quant_elem(xb, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r):
         rb = min(rb, hi)
     else:
         if rb > hi:
-            rb = EXP_INF if ovf_inf else hi
+            rb = hi if (ovf_inf == 0) | (mode == 0) else (EXP_INF if ovf_inf == 1 else QNAN)
         if ftz and rb < lo:
             rb = 0
     rb |= xb & 0x80000000
     if m >= EXP_INF:
-        rb = QNAN if (m == EXP_INF) & inf_nan else xb
+        rb = xb
+        if m == EXP_INF:
+            if inf_nan & 1:
+                rb = QNAN
+            elif inf_nan & 2:
+                rb = hi | (xb & 0x80000000)
+    if inf_nan >= 4:  # P3109: one zero; unsigned formats have no negative values
+        if (rb & 0x7FFFFFFF) == 0:
+            rb = 0
+        elif (xb < 0) & ((rb & 0x7FFFFFFF) <= EXP_INF):
+            if inf_nan & 16:
+                rb = 0
+            elif inf_nan & 8:
+                rb = QNAN
     return rb
 
 
