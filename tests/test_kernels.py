@@ -390,6 +390,8 @@ SIM_SCRIPT = textwrap.dedent("""
              MX("float4_e2m1fn", block=16, scale_mode="ceil"), MX("float8_e5m2", block=32, scale_mode="even"),
              MX("float8_e4m3fn", block=(4, 3), axis=-1, scale_mode="rceil"), Float(3, 0),
              MX(Float(3, 0, encoding="finite"), block=8)]
+    fmts += [format_from_name(n) for n in ["p3109_k8p4ue_ovfinf", "p3109_k8p1sf", "p3109_k6p3se_sr_satpropagate",
+                                           "p3109_k8p3se_rz"]]
     bad = 0
     for shape in [(3, 10, 5, 7), (13, 11)]:
         x = torch.randn(shape) * torch.exp2(torch.randint(-30, 30, shape).float())

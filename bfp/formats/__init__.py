@@ -12,8 +12,9 @@ from .block import BlockFloat
 from .mx import INT8, MX, MX_SCALE_MODES
 from .nvfp4 import NVFP4
 from .scaled import Scaled
+from .p3109 import P3109
 
 __all__ = ["BlockFloat", "Encoding", "Float", "Format", "INT8", "MX", "MX_SCALE_MODES", "NVFP4", "Overflow",
-           "Rounding", "Scaled", "Spec", "ValueRange", "as_float", "block_shape", "float_element", "format_from_dict",
+           "P3109", "Rounding", "Scaled", "Spec", "ValueRange", "as_float", "block_shape", "float_element", "format_from_dict",
            "format_from_name", "format_names", "is_float", "kernel_for", "register_family", "register_kernel",
            "spec_families"]

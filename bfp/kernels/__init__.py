@@ -20,6 +20,7 @@ import torch
 
 from ..formats import Format
 from .dispatch import quantize_stats
+from . import p3109  # noqa: F401  (registers the P3109 family's rule)
 
 __all__ = ["quantize", "quantize_stats", "zero_setting_error"]
 
