@@ -117,6 +117,10 @@ ROWS = (
         ("--bfp", "any_fp8_h100")),
     Row("fp8-h100-promoted", "formats", "FP8 with H100 accumulation promoted to FP32 every 128 (DeepSeek-V3's fix)",
         ("--bfp", "any_fp8_h100_promoted")),
+    Row("p3109-p3", "formats", "IEEE P3109 binary8p3 (p3109_k8p3se) at every operand, no scaling",
+        ("--bfp", "any_p3109_p3")),
+    Row("p3109-p4", "formats", "IEEE P3109 binary8p4 (p3109_k8p4se) at every operand, no scaling",
+        ("--bfp", "any_p3109_p4")),
 )
 
 _SETUP = ("-m", "ResNet10", "--model-opt", "width=16", "-d", "CIFAR10", "--gpu-data", "True",

@@ -104,7 +104,8 @@ def claims(res: dict[str, dict]) -> dict[str, tuple[str, str]]:
     out["formats"] = ("measured", (
         f"FP8 (e4m3/e5m2) {p('fp8')}, MXFP8 {p('mxfp8')} (RCEIL scale: {p('mxfp8-rceil')}), MXFP4 {p('mxfp4')}, "
         f"NVFP4 {p('nvfp4')} (TransformerEngine's convention: {p('nvfp4-te')}), FP8 with H100 fast accumulation "
-        f"{p('fp8-h100-fast')} and promoted every 128 {p('fp8-h100-promoted')}, against FP32 {p('fp32')}."))
+        f"{p('fp8-h100-fast')} and promoted every 128 {p('fp8-h100-promoted')}, IEEE P3109 binary8p3 "
+        f"{p('p3109-p3')} and binary8p4 {p('p3109-p4')} at every operand, against FP32 {p('fp32')}."))
     return out
 
 
