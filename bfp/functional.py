@@ -47,12 +47,9 @@ from .accumulate import (Accumulator, accumulate_conv2d, accumulate_conv2d_input
                          accumulate_conv2d_weight, accumulate_matmul)
 from .formats import Format, Rounding
 from .kernels import quantize
-from .kernels import scaled as scaled_k
-from .kernels.dispatch import scaled_keys
 from .overflow import active as _overflow_active
 from .overflow import check as _check_overflow
 from .precision import FusedAccumulator, LayerPrecision
-from .formats.scaled import Scaled
 
 __all__ = ["QGemmFunction", "Quantizer", "layer_quantizer", "qlinear", "qconv1d", "qconv2d", "qmatmul"]
 
@@ -76,8 +73,9 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
         return None
 
     def q(point: str, t: Tensor, fmt: Format) -> Tensor:
-        if fmt is not None and fmt.history_length:  # delayed scaling: the layer's amax history
-            return _delayed(layer, point, t, fmt)
+        if fmt is not None and fmt.history_length:  # the format keeps state: the layer holds it
+            return quantize(t, fmt, generator=layer.generator, state=layer.format_state(point),
+                            update_state=layer.training)
         if hook is None:
             return quantize(t, fmt, generator=layer.generator)
         out = hook(layer, point, t, fmt)
@@ -86,20 +84,6 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
                              f"{point!r}, got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
         return out
     return q
-
-
-def _delayed(layer, point: str, t: Tensor, fmt: Scaled) -> Tensor:
-    """Delayed scaling (``bfp.formats.scaled``): the scale from the largest amax of the point's history,
-    then, in training mode, this tensor's amax enters the history."""
-    hist = layer.amax_history(point)
-    with torch.no_grad():
-        x32 = t.detach().float().contiguous()
-        rnd = lambda y, f: quantize(y, f, generator=layer.generator)  # noqa: E731
-        out = scaled_k.tensorwise(x32, fmt, rnd, given_amax=hist.max(),
-                                  keys=scaled_keys(fmt, layer.generator, "cpu", x32))
-        if layer.training:  # evaluation reads the history, never moves it
-            hist.copy_(torch.cat([scaled_k.amax(x32).reshape(1).to(hist), hist[:-1]]))
-    return out.to(t.dtype)
 
 
 def _point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> Tensor:

@@ -19,8 +19,6 @@ import torch
 
 from .formats import Format
 from .kernels import quantize
-from .kernels.dispatch import nvfp4_keys
-from .kernels import nvfp4 as nvfp4_k
 from .precision import Hadamard
 
 
@@ -98,10 +96,5 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
     transformed tensor (``bfp.kernels.nvfp4_rht``)."""
     if not fusable(t, rht, fmt):
         return quantize(transform_rows(t, rht), fmt, generator=generator)
-    from .kernels.nvfp4_rht import quantize as fused  # Numba loads on first use
-    keys = nvfp4_keys(fmt, generator)
-    out = fused(t.contiguous(), factor(rht), fmt, keys) if t.numel() else None
-    if out is None:  # nothing finite and nonzero (or empty): the reference, with the same keys
-        x = transform_rows(t, rht)
-        return x.clone() if x.numel() == 0 else nvfp4_k.quantize(x, fmt, keys, "reference")
-    return out
+    from .kernels.nvfp4_rht import transform_quantize as fused  # Numba loads on first use
+    return fused(t, factor(rht), fmt, generator, lambda: transform_rows(t, rht))

@@ -63,7 +63,7 @@ class _QuantizedMixin:
         of its history's length, on the layer's device; stale ones go. Buffers are state_dict
         entries, so checkpoints carry the histories."""
         dev = next((p.device for p in self.parameters(recurse=False) if not p.is_meta), torch.device("cpu"))
-        want = {f"amax_history_{p}": f.history for p, f in self.precision.formats().items()
+        want = {f"amax_history_{p}": f.history_length for p, f in self.precision.formats().items()
                 if f is not None and f.history_length}
         self.has_delayed = bool(want)  # read by functional.layer_quantizer at every forward
         for name in [n for n in self._buffers if n.startswith("amax_history_") and n not in want]:
@@ -78,6 +78,8 @@ class _QuantizedMixin:
         if f"amax_history_{point}" not in self._buffers:
             self._sync_histories()
         return self._buffers[f"amax_history_{point}"]
+
+    format_state = amax_history  # the state ``bfp.quantize(state=...)`` takes for a point's format
 
     def _gemm_kwargs(self) -> dict:
         return {"precision": self.precision, "quantizer": bfpF.layer_quantizer(self),

@@ -80,3 +80,18 @@ def test_formats_answer_the_protocol():
     delayed = bfp.format_from_name("fp8_e4m3_delayed")
     assert delayed.history_length == 16 and sc.history_length == 0 and e4m3.history_length == 0
     assert e4m3.normal_emin() == -6 and Float(5, 2).normal_emin() == -14 and mx.normal_emin() is None
+
+
+def test_the_autograd_layer_calls_one_quantize_entry_and_knows_no_kernel_internals():
+    """functional.py and layers.py reach the kernels through ``bfp.kernels.quantize`` only (a
+    format's state, delayed scaling's amax history, is passed to it); no format module either."""
+    for name in ("functional.py", "layers.py"):
+        tree = ast.parse((PKG / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and "kernels" in node.module:
+                assert node.module == "kernels" and [a.name for a in node.names] == ["quantize"], \
+                    f"{name}:{node.lineno} imports {node.module}: {[a.name for a in node.names]}"
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("formats."):
+                raise AssertionError(f"{name}:{node.lineno} imports the format module {node.module}")
+    src = (PKG / "hadamard.py").read_text(encoding="utf-8")
+    assert "dispatch" not in src and "nvfp4_keys" not in src  # the transform's keys are drawn in its kernel

@@ -78,12 +78,12 @@ def test_names_dicts_configs_and_bad_values():
 
 
 def test_delayed_scaling_uses_the_history_of_earlier_roundings_and_saturates_above_it(monkeypatch):
-    import bfp.functional as bf
+    import bfp.kernels as bk
     from bfp import LayerPrecision
     from bfp.layers import QLinear
     layer = QLinear(6, 2, bias=False, precision=LayerPrecision(fi=Scaled(format_from_name("e4m3"), history=3)))
-    got, real = [], bf._delayed
-    monkeypatch.setattr(bf, "_delayed", lambda *a: got.append(real(*a)) or got[-1])
+    got, real = [], bk.delayed  # the layer's forward calls bfp.quantize with the point's history as state
+    monkeypatch.setattr(bk, "delayed", lambda *a: got.append(real(*a)) or got[-1])
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(4, 6, generator=g) * s for s in (1.0, 50.0, 0.5, 3.0, 0.1)]
     amaxes = []
@@ -106,6 +106,11 @@ def test_delayed_scaling_uses_the_history_of_earlier_roundings_and_saturates_abo
 def test_delayed_scaling_needs_a_layer_and_is_per_tensor():
     with pytest.raises(ValueError, match="delayed scaling: its amax history is state of a quantized layer"):
         quantize(torch.ones(3), format_from_name("fp8_e4m3_delayed"))
+    with pytest.raises(ValueError, match=r"pass state= a float32 tensor of length 16 \(got \(3,\)\)"):
+        quantize(torch.ones(3), format_from_name("fp8_e4m3_delayed"), state=torch.zeros(3))
+    hist = torch.tensor([2.0] + [0.0] * 15)  # a history given by hand: scale 448 / 2, then x's amax enters
+    out = quantize(torch.tensor([1.0, -4.0]), format_from_name("fp8_e4m3_delayed"), state=hist, update_state=True)
+    assert out.tolist() == [1.0, -2.0] and hist[:2].tolist() == [4.0, 2.0]
     with pytest.raises(ValueError, match="delayed scaling\\) is per tensor"):
         Scaled(format_from_name("e4m3"), "row", history=4)
     f = format_from_name("fp8_e5m2_delayed")

@@ -19,14 +19,15 @@ from typing import Optional
 import torch
 
 from ..formats import Format
-from .dispatch import quantize_stats
+from .dispatch import delayed, quantize_stats
 from . import p3109  # noqa: F401  (registers the P3109 family's rule)
 
 __all__ = ["quantize", "quantize_stats", "zero_setting_error"]
 
 
 def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
-             backend: Optional[str] = None) -> torch.Tensor:
+             backend: Optional[str] = None, state: Optional[torch.Tensor] = None,
+             update_state: bool = False) -> torch.Tensor:
     """A new tensor of ``x``'s shape, dtype and device with ``x`` rounded to ``fmt``.
 
     ``x`` is never modified. float32 is exact. float16/bfloat16 inputs are
@@ -42,12 +43,24 @@ def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generato
 
     ``backend``: ``None`` (by device), ``"reference"``, ``"cpu"`` or ``"cuda"``.
 
+    ``state``: the format's state at this point, for formats that keep one (``fmt.history_length``
+    > 0: delayed scaling's amax history, a float32 tensor of that length, newest first; a
+    quantized layer keeps one per point); ``update_state`` (training) moves it. The result is not
+    differentiable through ``state``.
+
     When ``x`` requires grad and grad mode is on, the result does too and its
     gradient passes straight through to ``x`` unchanged (see the module docstring);
     the values are the same bits either way. A ``meta`` tensor gives an empty
     ``meta`` tensor of its shape.
     """
-    out = quantize_stats(x, fmt, generator=generator, backend=backend, stats=False)[0]
+    if isinstance(fmt, Format) and fmt.history_length:
+        if state is None or not isinstance(state, torch.Tensor) or state.numel() != fmt.history_length:
+            raise ValueError(f"{fmt!r} is delayed scaling: its amax history is state of a quantized layer's "
+                             f"point; use it in a layer's precision, or pass state= a float32 tensor of length "
+                             f"{fmt.history_length} (got {None if state is None else tuple(getattr(state, 'shape', ()))})")
+        out = delayed(x, fmt, state, generator, update_state)
+    else:
+        out = quantize_stats(x, fmt, generator=generator, backend=backend, stats=False)[0]
     if x.requires_grad and torch.is_grad_enabled():
         return _StraightThrough.apply(x, out)
     return out

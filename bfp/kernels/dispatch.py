@@ -75,6 +75,19 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     return kernel_for(fmt)(x, fmt, generator, backend, stats)
 
 
+def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool) -> torch.Tensor:
+    """Delayed scaling (``bfp.formats.scaled``): the scale from the largest amax of ``history`` (the
+    point's state, newest first), then, with ``update`` (training), ``x``'s amax enters it."""
+    with torch.no_grad():
+        x32 = x.detach().float().contiguous()
+        rnd = lambda y, f: quantize_stats(y, f, generator=generator, stats=False)[0]  # noqa: E731
+        out = scaled.tensorwise(x32, fmt, rnd, given_amax=history.max(),
+                                keys=scaled_keys(fmt, generator, "cpu", x32))
+        if update:  # evaluation reads the history, never moves it
+            history.copy_(torch.cat([scaled.amax(x32).reshape(1).to(history), history[:-1]]))
+    return out.to(x.dtype)
+
+
 def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):
     """Scale, round as ``fmt.fmt``, unscale (``kernels.scaled``)."""
     if fmt.delayed:

@@ -11,6 +11,7 @@ so the result is bit for bit ``nvfp4_cpu.quantize(hadamard_cpu.transform_rows(t)
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 import torch
@@ -18,7 +19,9 @@ from numba import prange
 
 from ..formats.nvfp4 import NVFP4
 from .cpu import _rand32, _tile_consts, specialise
+from .dispatch import nvfp4_keys
 from .hadamard_cpu import load_transformed, work_items
+from .nvfp4 import quantize as nvfp4_reference
 from .nvfp4_codes import E2M1, tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
 from .pages import advise
@@ -101,4 +104,17 @@ def quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, keys):
     advise(out)
     block_quantize(x, f, out.view(torch.int32).numpy().reshape(-1), bmax, A, Rin, nb, C, b,
                    tensor_scale(top, fmt), _consts(E2M1[fmt.rounding]), keys[0], keys[1])
+    return out
+
+
+def transform_quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, generator,
+                       transformed: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``quantize`` with the rounding keys drawn from ``generator`` as ``bfp.quantize`` draws them;
+    where nothing finite and nonzero comes out (or ``t`` is empty), NVFP4's reference on
+    ``transformed()`` with the same keys."""
+    keys = nvfp4_keys(fmt, generator)
+    out = quantize(t.contiguous(), factor, fmt, keys) if t.numel() else None
+    if out is None:
+        x = transformed()
+        return x.clone() if x.numel() == 0 else nvfp4_reference(x, fmt, keys, "reference")
     return out
