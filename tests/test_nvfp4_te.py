@@ -119,3 +119,15 @@ def test_16x16_tiles_equal_transformer_engines_2d_reference(name):
     got = bfp.quantize(x, bfp.NVFP4(block=(16, 16), convention="te"))
     assert torch.equal(got, te_reference_2d(x)), f"{(got != te_reference_2d(x)).sum()} differ"
     assert not torch.equal(got, bfp.quantize(x, bfp.format_from_name("nvfp4_te")))  # 1 x 16 blocks differ
+
+
+@pytest.mark.parametrize("fmt", [bfp.format_from_name("nvfp4_te"), bfp.format_from_name("nvfp4_te_sr"),
+                                 bfp.NVFP4(block=(16, 16), convention="te", rounding="stochastic"),
+                                 bfp.NVFP4(axis=0, convention="te")], ids=repr)
+def test_the_cpu_kernels_round_as_the_reference_bit_for_bit(fmt):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(48, 40, generator=g) * torch.exp2(torch.randint(-20, 20, (48, 40), generator=g).float())
+    x[3, 5], x[7, 1], x[0, 0] = float("nan"), float("inf"), 0.0
+    x[16:32, 16:32] = 0.0  # a zero block scale
+    out = {b: bfp.quantize(x, fmt, backend=b, generator=torch.Generator().manual_seed(9)) for b in ("reference", "cpu")}
+    assert torch.equal(out["cpu"].view(torch.int32), out["reference"].view(torch.int32))

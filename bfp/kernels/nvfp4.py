@@ -62,9 +62,10 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
                          f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
     if fmt.convention == "te":  # TransformerEngine's order of operations (PyTorch on every device)
         if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
-            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block))
+            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block), backend)
         xm = x32.reshape(1) if x32.dim() == 0 else x32
-        return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys).movedim(-1, axis).reshape(x32.shape)
+        return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys, None, backend).movedim(-1, axis) \
+            .reshape(x32.shape)
     if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
         if backend == "cpu" and not x32.is_cuda:
             from . import nvfp4_cpu  # Numba loads on first use

@@ -20,8 +20,9 @@ which mirrors ``core_nvfp4.cuh``), each step a float32 operation rounded to near
    one operand at a time, ``S_dec`` is that factor's share (they can differ in float32's last bit).
 
 NaN stays NaN (TE's byte packing has no NaN code and stores it as +0; a simulator keeps it
-visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The same PyTorch
-operations run on every device (no Numba kernel).
+visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The scale steps are
+PyTorch float32 operations on every device; on the CPU the two roundings (E4M3 block scales, E2M1
+elements) run the shared Numba element kernel (the same bits and draws as the reference).
 """
 from __future__ import annotations
 
@@ -46,10 +47,25 @@ def encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(s == 0, _fp32(1.0, amax), s)
 
 
-def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
+def _round(v: torch.Tensor, fmt, keys, backend: str) -> torch.Tensor:
+    """``v`` rounded to the element format ``fmt`` by the shared element rule: the Numba CPU kernel
+    for ``backend="cpu"`` on a CPU tensor, the PyTorch reference otherwise (the same bits and
+    draws: both hash an element's flat index with ``keys``)."""
+    if backend == "cpu" and v.device.type == "cpu":
+        from . import cpu  # Numba loads on first use
+        v = v.contiguous()
+        out = torch.empty_like(v)
+        cpu.run(v.view(torch.int32).numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1),
+                rule_for(fmt), None, None, keys, False)
+        return out
+    return _float(quantize_bits(_bits(v), rule_for(fmt), None, keys)).view(v.shape)
+
+
+def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None, backend: str = "reference") -> torch.Tensor:
     """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous; ``tile``:
     the block's shape over ``xm`` (TE's ``quant_tile_shape`` (16, 16) for weights; default
-    ``fmt.block`` along the last axis, TE's (1, 16))."""
+    ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" rounds with the Numba
+    element kernel (``_round``)."""
     mag = xm.abs()
     real = ~torch.isnan(xm)
     amax = torch.where(real, mag, torch.zeros_like(mag)).amax() if xm.numel() else _fp32(0.0, xm)
@@ -59,8 +75,8 @@ def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     m = _bits(torch.where(real, mag, torch.zeros_like(mag))) & MAG
     vec_max = _float(tile_max(m, tuple(tile) if tile is not None else (1,) * (xm.dim() - 1) + (fmt.block,)))
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
-    sb8 = _float(quantize_bits(_bits(sb), rule_for(E4M3), None, keys))
+    sb8 = _round(sb, E4M3, keys, backend)
     enc = torch.minimum(_fp32(1.0, xm) / (sb8 * s_dec), _fp32(FLT_MAX, xm))
     v = torch.where(real, (xm * enc).clamp(-E2M1_MAX, E2M1_MAX), xm)
-    q = _float(quantize_bits(_bits(v), rule_for(E2M1[fmt.rounding]), None, keys)).view(xm.shape)
+    q = _round(v, E2M1[fmt.rounding], keys, backend).view(xm.shape)
     return torch.where(real, q * sb8 * s_dec, q)
