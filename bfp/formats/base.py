@@ -12,6 +12,7 @@ docstring and in ``docs/formats.md``.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -171,6 +172,29 @@ class Format:
 
     def rht_fused_block(self) -> Optional[int]:
         return None
+
+
+class ElementFormat(Format):
+    """A format whose every element rounds on its own to a fixed set of values (``Float``,
+    ``P3109``): the protocol answers from its ``emin``, ``emax``, ``max``, ``min_subnormal`` and
+    ``rounding`` (a dataclass field)."""
+
+    elementwise = True
+
+    def aps_top(self) -> int:
+        return self.emax
+
+    def overflow_limit(self) -> float:
+        return self.max
+
+    def normal_emin(self) -> Optional[int]:
+        return self.emin
+
+    def value_range(self) -> Optional["ValueRange"]:
+        return ValueRange(self.min_subnormal, 2.0 ** self.emin, self.max)
+
+    def with_rounding(self, rounding: Any) -> "Format":
+        return dataclasses.replace(self, rounding=rounding)
 
 
 class ValueRange(NamedTuple):

@@ -10,12 +10,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from .base import (_RND, Encoding, Format, Overflow, Rounding, Spec, ValueRange, _enum, _int_in, format_from_name,
+from .base import (_RND, ElementFormat, Encoding, Overflow, Rounding, Spec, _enum, _int_in, format_from_name,
                    register_family)
 
 
 @dataclass(frozen=True)
-class Float(Format):
+class Float(ElementFormat):
     """A binary floating-point format with ``exp`` exponent and ``man`` mantissa bits.
 
     Values: ``±2**e * (1 + m / 2**man)`` for normal exponents
@@ -79,27 +79,11 @@ class Float(Format):
         top = 2 ** self.exp - 1  # largest exponent code
         return (top - 1 if self.encoding is Encoding.IEEE else top) - self.bias
 
-    elementwise = True
-
     def transport_bytes(self) -> Optional[int]:
         """Storage of one element: 1 byte up to 8 bits, 2 up to 16, else 4."""
         bits = 1 + self.exp + self.man
         return 1 if bits <= 8 else 2 if bits <= 16 else 4
 
-    def aps_top(self) -> int:
-        return self.emax
-
-    def overflow_limit(self) -> float:
-        return self.max
-
-    def normal_emin(self) -> Optional[int]:
-        return self.emin
-
-    def value_range(self) -> Optional[ValueRange]:
-        return ValueRange(self.min_subnormal, self.min_normal, self.max)
-
-    def with_rounding(self, rounding: Any) -> "Float":
-        return dataclasses.replace(self, rounding=rounding)
 
     def short_name(self, name_of=None) -> str:
         return f"e{self.exp}m{self.man}" + ("" if self.rounding.value == "nearest" else _RND[self.rounding.value])

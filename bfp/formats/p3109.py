@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .base import _RND, Format, Rounding, Spec, ValueRange, _enum, _int_in, register_family
+from .base import _RND, ElementFormat, Rounding, Spec, _enum, _int_in, register_family
 
 SATURATIONS = ("satfinite", "satpropagate", "ovfinf")
 DOMAINS = ("extended", "finite")
@@ -45,7 +45,7 @@ _NAME = re.compile(r"p3109_k(\d+)p(\d+)([su])([ef])(?:_(rz|sr))?(?:_(satfinite|s
 
 
 @dataclass(frozen=True)
-class P3109(Format):
+class P3109(ElementFormat):
     """A P3109 format of width ``k`` (3..8) and precision ``p`` (1..k-1 signed, 1..k unsigned);
     numerics in the module docstring."""
 
@@ -119,26 +119,9 @@ class P3109(Format):
         """gfloat's name of the format (without rounding and saturation)."""
         return f"p3109_k{self.k}p{self.p}{'s' if self.signed else 'u'}{self.domain[0]}"
 
-    # -- the protocol ------------------------------------------------------------------
-    elementwise = True
-
+    # -- the protocol (the rest from ElementFormat) --------------------------------------
     def transport_bytes(self) -> Optional[int]:
         return 1
-
-    def aps_top(self) -> int:
-        return self.emax
-
-    def overflow_limit(self) -> float:
-        return self.max
-
-    def normal_emin(self) -> Optional[int]:
-        return self.emin
-
-    def value_range(self) -> Optional[ValueRange]:
-        return ValueRange(self.min_subnormal, 2.0 ** self.emin, self.max)
-
-    def with_rounding(self, rounding: Any) -> "P3109":
-        return dataclasses.replace(self, rounding=rounding)
 
     def short_name(self, name_of=None) -> str:
         sat = "" if self.saturation == "satfinite" else f"/{self.saturation}"
