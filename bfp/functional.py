@@ -35,6 +35,7 @@ kernels autograd uses.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -117,8 +118,14 @@ def _acc_for(p: LayerPrecision, gemm: str, op) -> Optional[Accumulator]:
         fa, fb = (getattr(p, point) for point in op.ACC_OPERANDS[gemm])
         ea, eb = acc.emins()
         na, nb = (f.normal_emin() if f is not None else None for f in (fa, fb))
-        acc = dataclasses.replace(acc, operand_emin=(ea if na is None else na, eb if nb is None else nb))
+        acc = _with_operand_emin(acc, (ea if na is None else na, eb if nb is None else nb))
     return acc
+
+
+@functools.lru_cache(maxsize=256)
+def _with_operand_emin(acc: FusedAccumulator, emin: tuple) -> FusedAccumulator:
+    """``acc`` with its operands' smallest normal exponents (cached: three GEMMs a step ask for it)."""
+    return dataclasses.replace(acc, operand_emin=emin)
 
 
 # -- ops: the three GEMMs of each layer type -------------------------------------------
