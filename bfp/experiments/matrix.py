@@ -26,6 +26,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Optional
 
+from .spread import seed_key
+
 
 @dataclass(frozen=True)
 class Row:
@@ -200,9 +202,8 @@ def select(rows: tuple[Row, ...], prof: Profile, wanted: Optional[list[str]] = N
 
 
 def key(row: Row, seed: int = 0) -> str:
-    """The result file's and run directory's name of ``row`` with ``seed``: the row's name for
-    seed 0 (the table's first run), ``<row>-s<seed>`` for the others."""
-    return row.name if seed == 0 else f"{row.name}-s{seed}"
+    """The result file's and run directory's name of ``row`` with ``seed`` (``spread.seed_key``)."""
+    return seed_key(row.name, seed)
 
 
 def base_name(key_: str) -> str:

@@ -25,10 +25,15 @@ UNRESOLVED = "unresolved"
 Check = Union[bool, str, None]
 
 
+def seed_key(name: str, seed: int) -> str:
+    """The result file's and run directory's name of row ``name`` with ``seed``: the row's name for
+    seed 0 (the table's first run), ``<row>-s<seed>`` for the others (``matrix.key``)."""
+    return name if seed == 0 else f"{name}-s{seed}"
+
+
 def top1s(res: dict[str, dict], name: str, seeds: tuple[int, ...] = (0, 1, 2)) -> list[float]:
     """Final top-1 of every seed of row ``name`` that has a result (seed 0 is ``name`` itself)."""
-    keys = [name if s == 0 else f"{name}-s{s}" for s in seeds]  # matrix.key's names (spread sits below matrix)
-    return [res[k]["final_top1"] for k in keys if k in res]
+    return [res[k]["final_top1"] for k in (seed_key(name, s) for s in seeds) if k in res]
 
 
 def summary(values: list[float]) -> Optional[tuple[float, float, float]]:
