@@ -151,6 +151,11 @@ TRANSFORMER_ROWS = (
     ("fp8-ls", "FP8 e4m3 on every GEMM operand, dynamic loss scaling",
      ("--bfp", "any_fp8_e4m3", "--loss-scale", "dynamic")),
     ("nvfp4", "NVFP4 (E2M1, E4M3 scale per 16, FP32 tensor scale)", ("--bfp", "any_nvfp4")),
+    # H100 FP8 accumulation where the GEMMs are long: fast (one chain over K) and promoted every 128
+    ("fp8-h100-fast", "FP8 (e4m3/e5m2) with H100 fast accumulation in every GEMM (tensor-core model)",
+     ("--bfp", "any_fp8_h100")),
+    ("fp8-h100-promoted", "FP8 with H100 accumulation promoted to FP32 every 128 (DeepSeek-V3's fix)",
+     ("--bfp", "any_fp8_h100_promoted")),
 )
 VIT_ROWS = tuple(Row(n, "vit", w, f) for n, w, f in TRANSFORMER_ROWS)
 LM_ROWS = tuple(Row(n, "lm", w, f) for n, w, f in TRANSFORMER_ROWS)
