@@ -148,19 +148,15 @@ class Accumulator:
         return d
 
 
+ROUNDINGS = ("truncate", "nearest")
+
+
 @dataclass(frozen=True)
 class FusedAccumulator:
     """A tensor core's multi-term fused adder: ``terms`` exact products and the running sum aligned
     to the largest exponent, cut to ``align_bits`` below it, summed exactly, the result cut to
     ``sum_bits``; every field and the arithmetic are in ``bfp.tensorcore``'s docstring, which
     computes it (``fused_matmul``) and names the hardware presets."""
-
-ROUNDINGS = ("truncate", "nearest")
-
-
-@dataclass(frozen=True)
-class FusedAccumulator:
-    """A tensor core's multi-term fused adder (see the module docstring for every field)."""
 
     terms: int = 32
     align_bits: int = 13

@@ -43,6 +43,33 @@ Presets (``accumulator_from_name``), each from the measurements its docstring en
   sm_90 ``mma.sync`` instruction behaves otherwise.)
 * ``h100_fp8``: the same with ``promote_every=128`` (cuBLAS's default, slow accumulation).
 * ``ada_fp8``: Ada (sm_89) FP8 ``mma.sync``: as ``h100_fp8_fast`` with 16 terms per step.
+* FP16, BF16 and TF32 inputs with float32 accumulation, from the bit-accurate models of F. A. Khattak
+  and M. Mikaitis, "Accurate Models of NVIDIA Tensor Cores" (ACM TACO; arXiv 2512.07004), whose
+  parameters are those of their published toolbox (github.com/north-numerical-computing/
+  MATLAB-tensor-core, ``models/V100TC.m``, ``A100TC.m``, ``H100TC.m``, with ``tools/
+  Generic_BFMA_TC.m``): ``fma`` products per step with the accumulator in the alignment
+  (``global_alignment``), ``23 + neab`` fraction bits kept below ``2**E`` (truncated), the sum
+  truncated to float32's 23 (``frmode = 'rz'``), ``E`` clamped below at ``min_exp_limit``, product
+  exponents from the operands (an FP16 subnormal operand counts as -14):
+
+  ==============  =====  ===========  ===========  ============================================
+  preset          terms  align_bits   align_emin   source
+  ==============  =====  ===========  ===========  ============================================
+  ``v100_fp16``   4      23 (neab 0)  none (-1024)  V100TC.m; Fasi et al. 2021 (4 terms, RZ,
+                                                   no extra alignment bits)
+  ``a100_fp16``   8      24 (neab 1)  -132         A100TC.m (FP16 and BF16 alike)
+  ``a100_bf16``   8      24           -132         A100TC.m
+  ``a100_tf32``   4      24           -132         A100TC.m (``fma = 4`` for TF32)
+  ``h100_fp16``   16     25 (neab 2)  -133         H100TC.m
+  ``h100_bf16``   16     25           -133         H100TC.m
+  ``h100_tf32``   8      25           -133         H100TC.m (``fma = 8`` for TF32)
+  ==============  =====  ===========  ===========  ============================================
+
+  ``benchmarks/tensorcore_validation.py`` runs them on the toolbox's published hardware vectors
+  (``model_validation/``: inputs and the GPUs' outputs, ``D = A B + C``); results in
+  ``docs/accumulate.md``. One difference from the toolbox: an accumulator below ``2**-126`` takes
+  its own exponent here, -126 there (its float32 exponent field); they agree unless every product
+  and the accumulator lie below ``2**-126``.
 """
 from __future__ import annotations
 
@@ -72,8 +99,10 @@ def _exponent(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 0, torch.full_like(x, -torch.inf), (e - 1).to(x.dtype))
 
 
-def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Tensor:
-    """One accumulation chain over all of a's K (a: (M, K), b: (K, N), float64; K a multiple of terms)."""
+def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, c0: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One accumulation chain over all of a's K (a: (M, K), b: (K, N), float64; K a multiple of terms),
+    starting from the accumulator ``c0`` ((M, N) float32 values in float64; default +0), as
+    ``D = A B + C`` on the hardware."""
     m, k = a.shape
     n = b.shape[1]
     emin_a, emin_b = acc.emins()
@@ -81,7 +110,7 @@ def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator) -> torch.Ten
     eb = torch.clamp(_exponent(b), min=emin_b)
     ea = torch.where(a == 0, torch.full_like(ea, -torch.inf), ea)
     eb = torch.where(b == 0, torch.full_like(eb, -torch.inf), eb)
-    c = torch.zeros(m, n, dtype=torch.float64, device=a.device)
+    c = torch.zeros(m, n, dtype=torch.float64, device=a.device) if c0 is None else c0.double()
     for g in range(0, k, acc.terms):
         p = a[:, g:g + acc.terms, None] * b[None, g:g + acc.terms, :]          # (M, T, N), exact
         if acc.product_exponent == "operands":
@@ -181,10 +210,26 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", back
     return out32
 
 
+def _wide(name: str, terms: int, extra: int, align_emin: int, operand_emin: int) -> FusedAccumulator:
+    """A float32-output tensor core of Khattak & Mikaitis's models: ``terms`` products (``fma``), 23 +
+    ``extra`` (``neab``) fraction bits below ``2**E``, the result truncated to float32's 23."""
+    return FusedAccumulator(terms=terms, align_bits=23 + extra, sum_bits=23, align_emin=align_emin,
+                            operand_emin=operand_emin, name=name)
+
+
 FUSED_PRESETS = {
     "h100_fp8_fast": FusedAccumulator(name="h100_fp8_fast"),
     "h100_fp8": FusedAccumulator(promote_every=128, name="h100_fp8"),
     "ada_fp8": FusedAccumulator(terms=16, name="ada_fp8"),
+    # FP16/BF16/TF32 inputs, float32 accumulation (models/V100TC.m, A100TC.m, H100TC.m of
+    # north-numerical-computing/MATLAB-tensor-core; Khattak & Mikaitis, ACM TACO, arXiv 2512.07004)
+    "v100_fp16": _wide("v100_fp16", 4, 0, -1024, -14),
+    "a100_fp16": _wide("a100_fp16", 8, 1, -132, -14),
+    "a100_bf16": _wide("a100_bf16", 8, 1, -132, -126),
+    "a100_tf32": _wide("a100_tf32", 4, 1, -132, -126),
+    "h100_fp16": _wide("h100_fp16", 16, 2, -133, -14),
+    "h100_bf16": _wide("h100_bf16", 16, 2, -133, -126),
+    "h100_tf32": _wide("h100_tf32", 8, 2, -133, -126),
 }
 
 

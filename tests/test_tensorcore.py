@@ -167,3 +167,32 @@ def test_the_promoted_preset_and_a_conv_train():
     assert all(torch.isfinite(p).all() for p in model.parameters())
     from bfp.precision import accumulator_from_dict
     assert accumulator_from_dict(model[1].precision.accumulator.to_dict()) == accumulator_from_name("h100_fp8")
+
+
+WIDE_PRESETS = {  # name: (terms, align_bits, align_emin, operand_emin), Khattak & Mikaitis's models
+    "v100_fp16": (4, 23, -1024, -14), "a100_fp16": (8, 24, -132, -14), "a100_bf16": (8, 24, -132, -126),
+    "a100_tf32": (4, 24, -132, -126), "h100_fp16": (16, 25, -133, -14), "h100_bf16": (16, 25, -133, -126),
+    "h100_tf32": (8, 25, -133, -126)}
+
+
+@pytest.mark.parametrize("name", sorted(WIDE_PRESETS))
+def test_the_fp16_bf16_tf32_presets_hold_the_published_models_parameters(name):
+    acc = accumulator_from_name(name)
+    assert (acc.terms, acc.align_bits, acc.align_emin, acc.operand_emin) == WIDE_PRESETS[name]
+    assert (acc.sum_bits, acc.sum_emin, acc.align_rounding, acc.sum_rounding) == (23, -126, "truncate", "truncate")
+    assert acc.accumulator_in_alignment and acc.product_exponent == "operands" and acc.promote_every == 0
+
+
+def test_the_extra_alignment_bits_tell_v100_a100_and_h100_apart():
+    """1 and four products of 1.5 * 2**-24 (fp16 operands 1.5 * 2**-12 and 2**-12), aligned to 2**0:
+    V100 keeps 23 fraction bits (each small product cut to 0; and its 4-term steps put the first three
+    with the 1 and the fourth alone with the accumulator: 1.0); A100 keeps 24 (each 2**-24: 1 + 2**-22);
+    H100 keeps 25 (each 3 * 2**-25: 1 + 3 * 2**-23, here the exact sum)."""
+    a = torch.tensor([[1.0] + [1.5 * 2 ** -12] * 4])
+    b = torch.tensor([[1.0]] + [[2.0 ** -12]] * 4)
+    want = {"v100_fp16": 1.0, "a100_fp16": 1 + 2 ** -22, "h100_fp16": 1 + 3 * 2 ** -23}
+    for name, value in want.items():
+        acc = accumulator_from_name(name)
+        for backend in ("kernel", "reference"):
+            assert fused_matmul(a, b, acc, backend=backend).item() == value, (name, backend)
+        assert oracle(a, b, acc).item() == value
