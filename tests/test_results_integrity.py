@@ -169,3 +169,20 @@ def test_a_killed_runners_child_dies_with_it(tmp_path):
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the child outlived its killed runner")
+
+
+def test_a_hand_written_page_gets_only_its_marked_block_rendered_from_the_result_files(tmp_path):
+    from bfp.experiments import matrix, report
+    page = tmp_path / "transformers.md"
+    page.write_text("intro by hand\n<!-- table:vit-table -->\nstale numbers\n<!-- /table:vit-table -->\noutro\n")
+    rows = matrix.table("vit-table")
+    res = {"fp32": {"final_top1": 52.5, "best_top1": 53.0, "train_time_s": 100.0, "citable": True,
+                    "git_commit": "a" * 40, "epochs": [{"test_loss": 1.3}]}}
+    assert report.splice(page, "vit-table", res, rows, "docs/results-vit-table.md")
+    text = page.read_text()
+    assert text.startswith("intro by hand\n<!-- table:vit-table -->\n") and text.endswith("<!-- /table:vit-table -->\noutro\n")
+    assert "stale numbers" not in text and "| `fp32` | FP32 (reference) | 52.50% |" in text
+    assert "Not run yet: mxfp8, fp8, fp8-ls, nvfp4" in text and f"`{'a' * 40}`" in text
+    other = tmp_path / "plain.md"
+    other.write_text("no block here\n")
+    assert not report.splice(other, "vit-table", res, rows, "x.md") and other.read_text() == "no block here\n"

@@ -17,7 +17,6 @@ from HEAD) and reruns those rows from HEAD (bfp.experiments.stale).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -27,6 +26,9 @@ from typing import Optional
 from ..data.archives import unpack
 from ..data.folders import find_image_folder
 from . import matrix, report, results, runner, stale
+
+# Hand-written pages with a block rendered from a table's result files (report.splice).
+SPLICED = {"vit-table": "docs/transformers.md", "lm-table": "docs/transformers.md"}
 
 
 def data_folder(arg: str, extract_to: Path) -> str:
@@ -108,9 +110,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             if doc.exists() and not os.access(doc, os.W_OK):
                 raise ValueError(f"--doc {args.doc!r} is not writable")
             writable_dir(Path(args.img), "--img")
-            out = report.render(args.table, results.load_results(res_dir), rows, Path(args.doc),
-                                Path(args.img), res_dir.as_posix(), prof.name)
+            res = results.load_results(res_dir)
+            out = report.render(args.table, res, rows, Path(args.doc), Path(args.img), res_dir.as_posix(), prof.name)
             print(f"wrote {out}")
+            if not quick and args.table in SPLICED and report.splice(Path(SPLICED[args.table]), args.table, res, rows,
+                                                                     args.doc):
+                print(f"updated its block in {SPLICED[args.table]}")
             return 0
         if args.action == "rerun-stale" and args.dry_run:
             return rerun_stale(args, prof, chosen, None, res_dir, runs_dir)

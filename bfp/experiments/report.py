@@ -200,7 +200,7 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"the two half-ranges at most {TOL:g}, \"loses more than {TOL:g}\" needs Δ plus them below "
                   f"-{TOL:g}; otherwise the claim is \"not resolved at this scale\"."), ""]
     lines += ["## Table", "", *table_lines(res, rows), "",
-              f"Δ: the mean final top-1 over the row's seeds minus its reference's (FP32"
+              "Δ: the mean final top-1 over the row's seeds minus its reference's (FP32"
               + ("; for the all-reduce panel 8-worker FP32), in points. Claims below compare final top-1 with a "
                  f"tolerance of {TOL:g} point, using the seeds' spread." if table == "cifar10-table" else
                  "), in points" + ("; top-1 is next-character accuracy" if table == "lm-table" else "") + "."), ""]
@@ -245,3 +245,23 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text("\n".join(lines) + "\n")
     return doc
+
+
+def splice(doc: Path, table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], page: str) -> bool:
+    """Replace the block between ``<!-- table:TABLE -->`` and ``<!-- /table:TABLE -->`` in ``doc``
+    (a hand-written page such as docs/transformers.md) with ``table``'s rows rendered from its
+    result files, its provenance and a link to its generated ``page``; False where ``doc`` has no
+    such block. The prose around the block stays the author's."""
+    begin, end = f"<!-- table:{table} -->", f"<!-- /table:{table} -->"
+    text = doc.read_text(encoding="utf-8") if doc.exists() else ""
+    if begin not in text or end not in text.split(begin, 1)[1]:
+        return False
+    missing = [r.name for r in rows if r.name not in res]
+    _, said = provenance(res) if res else (None, "No results yet.")
+    block = [begin, f"*Rendered from `results/{table}/` by `python -m bfp.experiments report {table}`; do not edit "
+                    f"this block by hand. Commands, setup and curves: [{Path(page).name}]({Path(page).name}).* "
+                    + said + (f" Not run yet: {', '.join(missing)}." if missing else ""), "",
+             *table_lines(res, rows), end]
+    head, rest = text.split(begin, 1)
+    doc.write_text(head + "\n".join(block) + rest.split(end, 1)[1], encoding="utf-8")
+    return True
