@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from bfp import BlockFloat, Float, MX, quantize
 from bfp.formats import Encoding
 
-finite32 = st.float(allow_nan=False, allow_infinity=False, width=32)
+finite32 = st.floats(allow_nan=False, allow_infinity=False, width=32)
 vectors = st.lists(finite32, min_size=1, max_size=64).map(lambda v: torch.tensor(v, dtype=torch.float32))
 
 
