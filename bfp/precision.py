@@ -102,7 +102,7 @@ class Accumulator:
 
     def _check_products(self):
         if self.mul is not None:
-            as_float(self.mul, "Accumulator mul (a Float format or None)")
+            as_float(self.mul, "Accumulator mul")
         for name in ("fma", "exact"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Accumulator {name} must be True or False, got {getattr(self, name)!r}")
