@@ -2,7 +2,7 @@
 
 Layers (each knows only the one below it):
 
-    formats      bfp.formats     Float, BlockFloat, format_from_name; bfp.formats.mx: MX; bfp.formats.nvfp4: NVFP4
+    formats      bfp.formats     Float, BlockFloat, MX, NVFP4, Scaled, P3109 (one module each), format_from_name
     kernels      bfp.kernels     quantize (PyTorch reference, Numba CPU, Numba CUDA)
     layers       bfp.functional, bfp.layers, bfp.accumulate
     conversion   bfp.config, bfp.conversion
@@ -11,11 +11,8 @@ Layers (each knows only the one below it):
 """
 from importlib import import_module
 
-from .formats import (BlockFloat, Encoding, Float, Format, Overflow, Rounding, format_from_dict, format_from_name,
-                      format_names)
-from .formats.mx import MX
-from .formats.nvfp4 import NVFP4
-from .formats.scaled import Scaled
+from .formats import (MX, NVFP4, P3109, BlockFloat, Encoding, Float, Format, Overflow, Rounding, Scaled,
+                      format_from_dict, format_from_name, format_names)
 from .kernels import quantize, zero_setting_error
 from .precision import POINTS, Accumulator, LayerPrecision, accumulator_from_dict
 
@@ -40,6 +37,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'bfp' has no attribute {name!r}")
 
 
-__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "NVFP4", "Scaled", "Overflow", "Rounding",
+__all__ = ["BlockFloat", "Encoding", "Float", "Format", "MX", "NVFP4", "P3109", "Scaled", "Overflow", "Rounding",
            "format_from_dict", "format_from_name", "format_names", "quantize",
            "zero_setting_error", "POINTS", "LayerPrecision", "Accumulator", "accumulator_from_dict", *_LAZY]
