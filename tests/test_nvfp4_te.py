@@ -131,3 +131,16 @@ def test_the_cpu_kernels_round_as_the_reference_bit_for_bit(fmt):
     x[16:32, 16:32] = 0.0  # a zero block scale
     out = {b: bfp.quantize(x, fmt, backend=b, generator=torch.Generator().manual_seed(9)) for b in ("reference", "cpu")}
     assert torch.equal(out["cpu"].view(torch.int32), out["reference"].view(torch.int32))
+
+
+@pytest.mark.parametrize("shape", [(16, 16, 3, 3), (6, 40), (5, 16), (3, 7)], ids=str)
+def test_the_per_block_row_path_equals_the_per_element_tile_path(shape):
+    from bfp.kernels.nvfp4_te import quantize_te
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-30, 30, shape, generator=g).float())
+    x.view(-1)[::7], x.view(-1)[3], x.view(-1)[-1] = 0.0, float("nan"), float("inf")
+    for name in ("nvfp4_te", "nvfp4_te_sr"):
+        for backend in ("cpu", "reference"):
+            rows = quantize_te(x, bfp.format_from_name(name), (12345, 678), None, backend)
+            tiles = quantize_te(x, bfp.format_from_name(name), (12345, 678), (1,) * (x.dim() - 1) + (16,), backend)
+            assert torch.equal(rows.view(torch.int32), tiles.view(torch.int32)), (name, backend)
