@@ -62,15 +62,16 @@ def _round(v: torch.Tensor, fmt, keys, backend: str) -> torch.Tensor:
 
 
 def _rows(xm, fmt: NVFP4, keys, backend: str, mag, real, s_dec, mult) -> torch.Tensor:
-    """``quantize_te`` for 1-D blocks along the last axis, with the block scales computed once per
-    block (not per element) and broadcast: the same float32 operations, so the same bits."""
+    """``quantize_te`` (``mag``: |x| with NaN as 0) for 1-D blocks along the last axis, with the
+    block scales computed once per block (not per element) and broadcast: the same float32
+    operations, so the same bits."""
     n, b = xm.shape[-1], fmt.block
     pad = (-n) % b
 
     def blocks(t: torch.Tensor) -> torch.Tensor:  # (..., blocks, b), the tail block zero-padded
-        return torch.nn.functional.pad(t, (0, pad)).view(*t.shape[:-1], -1, b)
+        return (torch.nn.functional.pad(t, (0, pad)) if pad else t).view(*t.shape[:-1], -1, b)
 
-    vec_max = blocks(torch.where(real, mag, torch.zeros_like(mag))).amax(-1, keepdim=True)
+    vec_max = blocks(mag).amax(-1, keepdim=True)
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
     sb8 = _round(sb, E4M3, keys, backend)  # nearest: the keys draw nothing
     enc = torch.minimum(_fp32(1.0, xm) / (sb8 * s_dec), _fp32(FLT_MAX, xm))
@@ -86,15 +87,15 @@ def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None, backend: str = "r
     the block's shape over ``xm`` (TE's ``quant_tile_shape`` (16, 16) for weights; default
     ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" rounds with the Numba
     element kernel (``_round``)."""
-    mag = xm.abs()
+    mag = torch.nan_to_num(xm.abs(), nan=0.0, posinf=float("inf"))  # NaN takes no part; Inf does
     real = ~torch.isnan(xm)
-    amax = torch.where(real, mag, torch.zeros_like(mag)).amax() if xm.numel() else _fp32(0.0, xm)
+    amax = mag.amax() if xm.numel() else _fp32(0.0, xm)
     s_enc = encode_scale(amax)
     s_dec = _fp32(1.0, xm) / s_enc
     mult = s_enc * _fp32(1.0, xm).div(_fp32(E2M1_MAX, xm))  # S_enc * fp32(1/6)
     if tile is None and xm.dim() and xm.numel():
         return _rows(xm, fmt, keys, backend, mag, real, s_dec, mult)
-    m = _bits(torch.where(real, mag, torch.zeros_like(mag))) & MAG
+    m = _bits(mag) & MAG
     vec_max = _float(tile_max(m, tuple(tile) if tile is not None else (1,) * (xm.dim() - 1) + (fmt.block,)))
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
     sb8 = _round(sb, E4M3, keys, backend)
