@@ -20,9 +20,10 @@ which mirrors ``core_nvfp4.cuh``), each step a float32 operation rounded to near
    one operand at a time, ``S_dec`` is that factor's share (they can differ in float32's last bit).
 
 NaN stays NaN (TE's byte packing has no NaN code and stores it as +0; a simulator keeps it
-visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The scale steps are
-PyTorch float32 operations on every device; on the CPU the two roundings (E4M3 block scales, E2M1
-elements) run the shared Numba element kernel (the same bits and draws as the reference).
+visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The steps are PyTorch
+float32 operations on every device; on the CPU, 1-D blocks along the rows run as one Numba pass
+(``nvfp4_te_cpu``) and other layouts round through the shared Numba element kernel, with the same
+bits and draws as the reference.
 """
 from __future__ import annotations
 
@@ -85,16 +86,19 @@ def _rows(xm, fmt: NVFP4, keys, backend: str, mag, real, s_dec, mult) -> torch.T
 def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None, backend: str = "reference") -> torch.Tensor:
     """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous; ``tile``:
     the block's shape over ``xm`` (TE's ``quant_tile_shape`` (16, 16) for weights; default
-    ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" rounds with the Numba
-    element kernel (``_round``)."""
+    ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" runs 1-D row blocks as one
+    Numba pass (``nvfp4_te_cpu``) and rounds the others with the Numba element kernel (``_round``)."""
     mag = torch.nan_to_num(xm.abs(), nan=0.0, posinf=float("inf"))  # NaN takes no part; Inf does
-    real = ~torch.isnan(xm)
     amax = mag.amax() if xm.numel() else _fp32(0.0, xm)
     s_enc = encode_scale(amax)
     s_dec = _fp32(1.0, xm) / s_enc
     mult = s_enc * _fp32(1.0, xm).div(_fp32(E2M1_MAX, xm))  # S_enc * fp32(1/6)
     if tile is None and xm.dim() and xm.numel():
-        return _rows(xm, fmt, keys, backend, mag, real, s_dec, mult)
+        if backend == "cpu" and xm.device.type == "cpu":
+            from . import nvfp4_te_cpu  # Numba loads on first use
+            return nvfp4_te_cpu.rows(xm.contiguous(), fmt, keys, mult, s_dec)
+        return _rows(xm, fmt, keys, backend, mag, ~torch.isnan(xm), s_dec, mult)
+    real = ~torch.isnan(xm)
     m = _bits(mag) & MAG
     vec_max = _float(tile_max(m, tuple(tile) if tile is not None else (1,) * (xm.dim() - 1) + (fmt.block,)))
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
