@@ -60,7 +60,7 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     if isinstance(fmt.block, tuple) and axis - len(fmt.block) + 1 < 0:
         raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
                          f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
-    if fmt.convention == "te":  # TransformerEngine's order of operations (PyTorch on every device)
+    if fmt.convention == "te":  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
         if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
             return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block), backend)
         xm = x32.reshape(1) if x32.dim() == 0 else x32
