@@ -14,8 +14,9 @@ from numba import prange
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
 from .cpu import _elem, _rand32, _tile_consts, specialise
+from .nvfp4_cpu import _consts
 from .nvfp4_codes import E2M1, E4M3
-from .plan import MODE, rule_for
+from .plan import MODE
 from .scalar import EXP_INF, MAG
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
@@ -53,11 +54,6 @@ def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
 @functools.lru_cache(maxsize=None)
 def _kernel(rounding_mode: int, blk: int):
     return specialise(_te_rows, f"nvfp4_te_rows_mode{rounding_mode}_b{blk}", True, mode=rounding_mode, block=blk)
-
-
-def _consts(fmt_float) -> np.ndarray:
-    r = rule_for(fmt_float)
-    return np.array([r.emin, r.man, r.maxkept, r.emaxq, r.ftz, r.ovf_inf, r.inf_nan], np.int64)
 
 
 def rows(xm: torch.Tensor, fmt: NVFP4, keys, mult: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
