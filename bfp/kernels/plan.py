@@ -62,28 +62,32 @@ _RULES: dict[type, Callable[[Format], Rule]] = {}
 
 
 def register_rule(family: type, rule: Callable[[Format], Rule]) -> None:
-    """A family the element rule rounds, beyond Float, BlockFloat and MX: ``rule(fmt)`` gives its
-    parameters (register its kernel as ``dispatch.element_rule`` too)."""
+    """A family the element rule rounds (Float, BlockFloat and MX below, P3109 in ``kernels/p3109``):
+    ``rule(fmt)`` gives its parameters (register its kernel as ``dispatch.element_rule`` too)."""
     _RULES[family] = rule
+
+
+def _mx_rule(fmt: MX) -> Rule:
+    if fmt.element == INT8:
+        return Rule(KIND_FIXED, MODE[Rounding.NEAREST], MX_SCALE[fmt.scale_mode], 0, -6, 127, 0, 0, 0, 0, 0, 0, 1)
+    return _float_rule(fmt.element, MODE[fmt.rounding], MX_SCALE[fmt.scale_mode], fmt.element.emax)
+
+
+register_rule(Float, lambda f: _float_rule(f, MODE[f.rounding], SCALE_NONE, 0))
+register_rule(BlockFloat, lambda f: Rule(KIND_FIXED, MODE[f.rounding], SCALE_BFP, 0, 1 - f.bits, 2 ** f.bits - 1,
+                                         0, 0, 0, 0, 0, 0, 0))
+register_rule(MX, _mx_rule)
 
 
 @functools.lru_cache(maxsize=256)
 def rule_for(fmt: Format) -> Rule:
     """The element rule's parameters of ``fmt`` (cached: formats are frozen values,
-    and this runs on every quantize call)."""
-    if type(fmt) in _RULES:
-        return _RULES[type(fmt)](fmt)
-    if isinstance(fmt, Float):
-        return _float_rule(fmt, MODE[fmt.rounding], SCALE_NONE, 0)
-    if isinstance(fmt, BlockFloat):
-        return Rule(KIND_FIXED, MODE[fmt.rounding], SCALE_BFP, 0, 1 - fmt.bits, 2 ** fmt.bits - 1,
-                    0, 0, 0, 0, 0, 0, 0)
-    if isinstance(fmt, MX):
-        if fmt.element == INT8:
-            return Rule(KIND_FIXED, MODE[Rounding.NEAREST], MX_SCALE[fmt.scale_mode], 0, -6, 127, 0, 0, 0, 0, 0,
-                        0, 1)
-        return _float_rule(fmt.element, MODE[fmt.rounding], MX_SCALE[fmt.scale_mode], fmt.element.emax)
-    raise TypeError(f"quantize needs a bfp format (Float, BlockFloat, MX), got {fmt!r}")
+    and this runs on every quantize call), from its family's registered rule."""
+    rule = _RULES.get(type(fmt))
+    if rule is None:
+        raise TypeError(f"no element rule rounds {fmt!r}; families with one: "
+                        f"{', '.join(c.__name__ for c in _RULES)}")
+    return rule(fmt)
 
 
 def tile_for(fmt: Format, shape: tuple[int, ...]) -> tuple[int, ...] | None:
