@@ -31,7 +31,42 @@ def _flog2_subnormal(m):
     return ((np.float32(m).view(np.int32) >> 23) - 127) - 149
 
 
-_elem, _tile_consts, _rand32 = build(njit(inline="always"), _flog2_subnormal)
+_elem, _tile_consts, _rand32, _finish = build(njit(inline="always"), _flog2_subnormal)
+
+
+@njit(inline="always")
+def _nearest_ok(kind, qt, p2q, hi, man):
+    """Whether ``_elem_nearest`` gives the element rule's bits for these tile constants: the
+    constant ``c`` below is a normal float32 for every input, the grid (the format's LSB) is at
+    least 2**-125, so a float32 subnormal input (below half of it) rounds to 0 whether or not the
+    CPU treats subnormals as zero (DAZ/FTZ), and a format with no mantissa bits (one code per
+    binade, ties by the exponent field's parity) keeps the integer rule, as does one with 23
+    mantissa bits (``c`` must exceed every value of the binade, so ``man <= 22``)."""
+    if kind == 1:  # FIXED: c = 2**(q + 23) above every value that is not clamped to hi
+        return (qt >= -125) & (qt <= 103) & (hi < ((qt + 150) << 23))
+    return (man >= 1) & (man <= 22) & (qt - man >= -125) & ((hi & EXP_INF) + ((24 - man) << 23) < EXP_INF)
+
+
+@njit(inline="always")
+def _elem_nearest(xb, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan):
+    """The element rule (``scalar._quant_elem``) for nearest rounding, where ``_nearest_ok``: the
+    magnitude ``a`` rounded to its LSB ``2**k`` as ``(a + c) - c`` in float32 with
+    ``c = 2**(k + 23)``, whose float32 ulp is ``2**k`` for every sum up to ``2 * c``: one IEEE
+    float32 rounding, ties to the even multiple, which is the even code (``man >= 1``); a carry is
+    the next binade, as in the integer rule. ``k`` is the fixed LSB of a BlockFloat tile, or for a
+    float the LSB of ``a``'s binade clamped to [the format's smallest normal, one above its
+    largest] (a value beyond that overflows either way). No variable shifts and no branches, so
+    the loops vectorise; the end (clamp or overflow, flush, sign, Inf and NaN) is the
+    rule's own ``_finish``. Equal to the integer rule on all 2**32 inputs of the formats in
+    tests/test_kernels_nearest.py."""
+    m = xb & MAG
+    if kind == 1:
+        cb = p2q + (23 << 23)
+    else:
+        cb = min(max(m & EXP_INF, lo), (hi & EXP_INF) + (1 << 23)) + ((23 - man) << 23)
+    c = np.int32(cb).view(np.float32)
+    rb = np.int64(np.float32((np.int32(m).view(np.float32) + c) - c).view(np.int32))
+    return _finish(xb, rb, kind, 1, hi, lo, ftz, ovf_inf, inf_nan)
 
 
 def _cache_dir() -> str:
@@ -78,9 +113,13 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
                  stats):
     """Element-wise formats (tiles of one element): one flat parallel loop."""
     qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
-    for i in prange(xb.size):
-        r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
-        ob[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
+    if MODE == 1 and _nearest_ok(KIND, qt, p2q, hi, man):
+        for i in prange(xb.size):
+            ob[i] = _elem_nearest(np.int64(xb[i]), KIND, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
+    else:
+        for i in prange(xb.size):
+            r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
+            ob[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
     # Counting is a second pass, so the quantizing loop carries no reduction.
     nz = 0
     zc = 0
@@ -99,8 +138,9 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
     0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles are done
     one at a time (maximum, constants, quantize). Short tiles: pass 1 takes
     column maxima over the rows (vectorised) and spreads each tile's
-    constants over its columns; pass 2 quantizes the rows. Returns the
-    (nonzero, zeroed) counts."""
+    constants over its columns; pass 2 quantizes the rows. Nearest
+    rounding takes ``_elem_nearest`` where ``_nearest_ok`` says it applies (for
+    short tiles: to every tile of the strip). Returns the (nonzero, zeroed) counts."""
     w = seg1 - seg0
     if G3 >= 16:  # long tiles (MX blocks): per tile, max then quantize, constants in registers
         for a3 in range(0, w, G3):
@@ -113,6 +153,14 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                     tmax = max(tmax, m if m < EXP_INF else 0)
             c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
                                           maxkept, emaxq)
+            if MODE == 1 and _nearest_ok(KIND, c0, c1, c2, man):
+                for row in rows:
+                    xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
+                    os = ob[row + seg0 + a3:row + seg0 + a3 + n3]
+                    for j in range(n3):
+                        os[j] = _elem_nearest(np.int64(xs[j]), KIND, c0, c1, c2, c3, man, ftz, ovf_inf,
+                                              inf_nan)
+                continue
             for row in rows:
                 base = row + seg0 + a3
                 xs = xb[base:base + n3]
@@ -124,18 +172,28 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
     else:  # short tiles: column maxima over the rows, constants spread over columns
         colmax[:w] = 0
         c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
+        fast = MODE == 1
         for row in rows:
             xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
             for j in range(w):
-                m = np.int64(xs[j]) & MAG
-                colmax[j] = max(colmax[j], m if m < EXP_INF else 0)
-        for a3 in range(0, w, G3):
+                m = xs[j] & np.int32(MAG)
+                colmax[j] = max(colmax[j], m if m < np.int32(EXP_INF) else np.int32(0))
+        if G3 == 1:  # a tile per column (MX blocks across rows): one loop, no inner runs
+            nf = 0
+            for j in range(w):
+                c0, c1, c2, c3 = _tile_consts(np.int64(colmax[j]), KIND, scale, soff, qoff, lim, emin, man,
+                                              maxkept, emaxq)
+                nf += not _nearest_ok(KIND, c0, c1, c2, man)
+                c_q[j], c_p[j], c_hi[j], c_lo[j] = c0, c1, c2, c3
+            fast = fast and nf == 0
+        for a3 in range(0, w if G3 > 1 else 0, G3):
             b3 = min(a3 + G3, w)
             tmax = 0
             for j in range(a3, b3):
                 tmax = max(tmax, colmax[j])
             c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
                                           maxkept, emaxq)
+            fast = fast and _nearest_ok(KIND, c0, c1, c2, man)
             c_q[a3:b3] = c0
             c_p[a3:b3] = c1
             c_hi[a3:b3] = c2
@@ -144,6 +202,11 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             base = row + seg0
             xs = xb[base:base + w]
             os = ob[base:base + w]
+            if fast:
+                for j in range(w):
+                    os[j] = _elem_nearest(np.int64(xs[j]), KIND, c_q[j], c_p[j], c_hi[j], c_lo[j], man, ftz,
+                                          ovf_inf, inf_nan)
+                continue
             for j in range(w):
                 r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
                 os[j] = _elem(np.int64(xs[j]), KIND, MODE, c_q[j], c_p[j], c_hi[j], c_lo[j],
@@ -169,8 +232,8 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
     nz = 0
     zc = 0
     for c in prange(nchunks):
-        colmax = np.empty(S3, np.int64)
-        cq = np.empty((4, S3), np.int64)
+        colmax = np.empty(S3, np.int32)  # 32-bit lanes: twice as many per vector as int64
+        cq = np.empty((4, S3), np.int32)
         rows = np.empty(G0 * G1 * G2, np.int64)
         lnz = 0
         lzc = 0
@@ -199,6 +262,10 @@ def _round_inplace(xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_n
     """``_elementwise`` on one buffer: ``xb[i] = q(xb[i])``. One array, so the loop
     needs no aliasing check to vectorise, and no fresh output pages."""
     qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
+    if MODE == 1 and _nearest_ok(KIND, qt, p2q, hi, man):
+        for i in prange(xb.size):
+            xb[i] = _elem_nearest(np.int64(xb[i]), KIND, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
+        return
     for i in prange(xb.size):
         r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
         xb[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)

@@ -20,7 +20,7 @@ from .scalar import EXP_INF, MAG, build
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 THREADS = 16 if SIMULATOR else 256  # simulated threads are Python threads: keep few
 
-_elem, _tile_consts, _rand32 = build(cuda.jit(device=True, inline=True))
+_elem, _tile_consts, _rand32, *_ = build(cuda.jit(device=True, inline=True))
 
 
 @cuda.jit(device=True, inline=True)

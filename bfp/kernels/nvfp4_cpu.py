@@ -115,8 +115,9 @@ def _row_quantize(xi, xf, oi, bmax, rows, n, pts, e2, k0, k1):
             a = (t // nb) * n + (t % nb) * block
             if mode == 1 and n % block == 0:  # a fixed trip count: vectorises
                 a = t * block
+                xs, fs, os = xi[a:a + block], xf[a:a + block], oi[a:a + block]
                 for k in range(block):
-                    oi[a + k] = _nearest_out(xi[a + k], xf[a + k], ts)
+                    os[k] = _nearest_out(xs[k], fs[k], ts)
                 continue
             for j in range(a, min(a + block, (t // nb) * n + n)):
                 if mode == 1:
@@ -153,13 +154,14 @@ def _col_max(xi, bmax, A, R0, R, C):
         a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
         for rb in range(rr * per, min(nb, rr * per + per)):
             out = (a0 * nb + rb) * C
-            for c in range(c0, c1):
-                bmax[out + c] = 0
+            bm = bmax[out + c0:out + c1]  # slices: indices provably >= 0, so the loops vectorise
+            bm[:] = 0
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
                     row = ((a * R0 + r0) * R + r) * C
-                    for c in range(c0, c1):  # along the columns: vectorises
-                        bmax[out + c] = max(bmax[out + c], _finite_mag(xi[row + c]))
+                    xs = xi[row + c0:row + c1]
+                    for c in range(c1 - c0):  # along the columns
+                        bm[c] = max(bm[c], _finite_mag(xs[c]))
 
 
 def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
@@ -169,20 +171,22 @@ def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
     for s in prange(A * nb0 * nrr * ncc):
         a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
         ts = np.empty(c1 - c0, np.float32)
+        w = c1 - c0
         for rb in range(rr * per, min(nb, rr * per + per)):
-            for c in range(c0, c1):
-                ts[c - c0] = _block_scale(bmax[(a0 * nb + rb) * C + c], pts)
+            bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
+            for c in range(w):
+                ts[c] = _block_scale(bm[c], pts)
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
-                    row = ((a * R0 + r0) * R + r) * C
-                    for c in range(c0, c1):
-                        j = row + c
+                    row = ((a * R0 + r0) * R + r) * C + c0
+                    xs, fs, os = xi[row:row + w], xf[row:row + w], oi[row:row + w]  # indices >= 0
+                    for c in range(w):
                         if mode == 1:
-                            oi[j] = _nearest_out(xi[j], xf[j], ts[c - c0])
+                            os[c] = _nearest_out(xs[c], fs[c], ts[c])
                         else:  # 1-D: the index with the block axis moved last; 2-D: as it is
-                            k = j if two_d else (a * C + c) * R + r
+                            k = row + c if two_d else (a * C + c0 + c) * R + r
                             r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                            oi[j] = _rule_out(xi[j], xf[j], ts[c - c0], mode, c2, e2, r32)
+                            os[c] = _rule_out(xs[c], fs[c], ts[c], mode, c2, e2, r32)
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ import torch
 from numba import prange
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
-from .cpu import _elem, _rand32, _tile_consts, specialise
+from .cpu import _elem, _elem_nearest, _rand32, _tile_consts, specialise
 from .nvfp4_cpu import _consts
 from .nvfp4_codes import E2M1, E4M3
 from .plan import MODE
@@ -40,15 +40,19 @@ def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
                     e4[5], e4[6], 0)
         sb8 = np.int32(sbb).view(np.float32)
         enc = min(np.float32(1.0) / (sb8 * s_dec), _FMAX)
-        for j in range(a, end):
-            xb = xi[j]
+        xs, fs, os = xi[a:end], xf[a:end], oi[a:end]  # slices: indices provably >= 0
+        for k in range(xs.size):
+            xb = xs[k]
             nan = (xb & _MAG) > _INF
-            v = min(max(xf[j] * enc, -_SIX), _SIX)
+            v = min(max(fs[k] * enc, -_SIX), _SIX)
             vb = np.int64(xb) if nan else np.int64(np.float32(v).view(np.int32))
-            r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
-            qb = _elem(vb, 0, mode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
+            if mode == 1:  # E2M1 is on cpu._elem_nearest's path (tests/test_kernels_nearest.py)
+                qb = _elem_nearest(vb, 0, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6])
+            else:
+                r = _rand32(k0, k1, np.int64(a + k)) if mode == 2 else 0
+                qb = _elem(vb, 0, mode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
             q = np.int32(qb).view(np.float32)
-            oi[j] = np.int32(qb) if nan else np.float32(q * sb8 * s_dec).view(np.int32)
+            os[k] = np.int32(qb) if nan else np.float32(q * sb8 * s_dec).view(np.int32)
 
 
 @functools.lru_cache(maxsize=None)

@@ -154,6 +154,15 @@ def _quant_elem(xb, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r):
         rb = upb * p2q
     if d <= 0:
         rb = m
+    return _finish(xb, rb, kind, mode, hi, lo, ftz, ovf_inf, inf_nan)
+
+
+def _finish(xb, rb, kind, mode, hi, lo, ftz, ovf_inf, inf_nan):
+    """The rule's end, after the magnitude bits ``m = xb & MAG`` were rounded to ``rb`` (as if the
+    format's exponent range had no top): the clamp or overflow at ``hi``, flush below ``lo``, the
+    sign, Inf and NaN inputs, and the special-value switches. Shared by the integer rounding above
+    and the CPU's float32 shortcut for nearest rounding (``cpu._elem_nearest``)."""
+    m = xb & 0x7FFFFFFF
     if kind == 1:
         rb = min(rb, hi)
     else:
@@ -181,17 +190,17 @@ def _quant_elem(xb, kind, mode, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r):
 
 
 def build(jit, flog2_subnormal=None):
-    """Compile the rule with ``jit``; returns ``(quant_elem, tile_consts, rand32)``.
+    """Compile the rule with ``jit``; returns ``(quant_elem, tile_consts, rand32, finish)``.
 
     ``flog2_subnormal`` may replace the portable ``_flog2_subnormal`` with a
     faster backend-specific one (it must return the same values).
     """
     g = {"__builtins__": builtins}
     for f in (ilog2, _flog2, _flog2_subnormal, _bits_of, _mix32, _rand32, _pow2_bits, _tile_consts,
-              _quant_elem):
+              _finish, _quant_elem):
         # Re-bind globals so each compiled function calls the compiled helpers.
         fn = type(f)(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
         g[f.__name__] = jit(fn)
     g.update(EXP_INF=EXP_INF, QNAN=QNAN)
     g["flog2_subnormal"] = flog2_subnormal or g["_flog2_subnormal"]
-    return g["_quant_elem"], g["_tile_consts"], g["_rand32"]
+    return g["_quant_elem"], g["_tile_consts"], g["_rand32"], g["_finish"]

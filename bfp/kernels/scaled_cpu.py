@@ -13,7 +13,7 @@ import torch
 from numba import njit, prange
 
 from ..formats import Float
-from .cpu import _elem, _rand32, _tile_consts, specialise
+from .cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts, specialise
 from .pages import advise
 from .plan import MODE, rule_for
 from .scalar import EXP_INF, MAG
@@ -40,15 +40,27 @@ mode = 0  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.
 
 def _scaled(xf, oi, scale, top, c, k0, k1):
     c0, c1, c2, c3 = _tile_consts(0, 0, 0, 0, 0, 0, c[0], c[1], c[2], c[3])
+    fast = mode == 1 and _nearest_ok(0, c0, c1, c2, c[1])  # cpu._elem_nearest: the same bits
     for s in prange((xf.size + STEP - 1) // STEP):
-        for j in range(s * STEP, min(xf.size, s * STEP + STEP)):
-            v = xf[j] * scale
+        j0 = s * STEP
+        fs, os = xf[j0:min(xf.size, j0 + STEP)], oi[j0:min(xf.size, j0 + STEP)]  # indices >= 0: vectorises
+        if fast:
+            for k in range(fs.size):
+                v = fs[k] * scale
+                if v == v:
+                    v = min(max(v, -top), top)
+                qb = _elem_nearest(np.int64(np.float32(v).view(np.int32)), 0, c0, c1, c2, c3, c[1], c[4], c[5],
+                                   c[6])
+                os[k] = np.float32(np.int32(qb).view(np.float32) / scale).view(np.int32)
+            continue
+        for k in range(fs.size):
+            v = fs[k] * scale
             if v == v:  # NaN stays as it is (clamp passes it)
                 v = min(max(v, -top), top)
-            r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
+            r = _rand32(k0, k1, np.int64(j0 + k)) if mode == 2 else 0
             qb = _elem(np.int64(np.float32(v).view(np.int32)), 0, mode, c0, c1, c2, c3, c[1], c[4], c[5],
                        c[6], r)
-            oi[j] = np.float32(np.int32(qb).view(np.float32) / scale).view(np.int32)
+            os[k] = np.float32(np.int32(qb).view(np.float32) / scale).view(np.int32)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,99 @@
+"""The CPU's float32 shortcut for nearest rounding (``bfp.kernels.cpu._elem_nearest``) against the
+integer element rule it replaces (``scalar._quant_elem``, mode 1), input by input.
+
+The inputs are every sign and float32 exponent field with, for each number of dropped bits, the
+mantissas just below, at and above the halfway point, the all-ones and the odd-kept patterns, plus
+random mantissas: every rounding decision the rule makes. The shortcut was also compared on all
+2**32 inputs of float8_e4m3fn, float8_e5m2, float6_e2m3fn, float6_e3m2fn, float4_e2m1fn, float16,
+p3109_k8p3se, p3109_k8p4se and of fb12, fb24, mxfp8_e4m3, mxfp4_e2m1 and mxint8 at five tile
+maxima each, with no difference (BENCHMARKS.md, "Nearest rounding in float32").
+"""
+import numpy as np
+import pytest
+from numba import njit
+
+import bfp
+from bfp.kernels import cpu
+from bfp.kernels.plan import rule_for
+
+
+def _inputs() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    mants = [0, 1, 0x7FFFFF, 0x400000, 0x3FFFFF, 0x400001]
+    for d in range(1, 24):
+        half = 1 << (d - 1)
+        mants += [half - 1, half, half + 1, (1 << d) - 1, half | (1 << d), (half + 1) | (1 << d)]
+    mants = np.unique(np.concatenate([np.array(mants), rng.integers(0, 1 << 23, 64)]) & 0x7FFFFF)
+    hi = np.arange(512, dtype=np.int64) << 23  # sign and exponent fields
+    bits = (hi[:, None] | mants[None, :]).reshape(-1)
+    return bits.astype(np.uint32).view(np.int32)
+
+
+@njit
+def _compare(xs, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan):
+    """Indices where the shortcut and the integer rule disagree."""
+    bad = []
+    for i in range(xs.size):
+        xb = np.int64(xs[i])
+        a = cpu._elem(xb, kind, 1, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, 0)
+        b = cpu._elem_nearest(xb, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
+        if np.int32(a) != np.int32(b):
+            bad.append(i)
+    return bad
+
+
+FORMATS = ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn", "float16",
+           "p3109_k8p3se", "p3109_k8p4se", "fb12", "fb16", "fb24", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3",
+           "mxfp4_e2m1", "mxint8"]
+P3109 = [bfp.P3109(8, 3, signed=False), bfp.P3109(8, 4, domain="finite"), bfp.P3109(6, 2, saturation="ovfinf"),
+         bfp.P3109(8, 5, saturation="satpropagate"), bfp.P3109(4, 2, signed=False, domain="finite"),
+         bfp.Float(6, 22), bfp.Float(3, 22, subnormals=False), bfp.Float(7, 1)]
+TILE_MAXIMA = [0, 0x3F800000, 0x00400000, 0x1F000000, 0x5F123456, 0x7F7FFFFF, 0x0C000000]
+
+
+@pytest.mark.parametrize("fmt", FORMATS + P3109, ids=str)
+def test_float32_shortcut_equals_the_integer_rule(fmt):
+    fmt = bfp.format_from_name(fmt) if isinstance(fmt, str) else fmt
+    r = rule_for(fmt)
+    xs = _inputs()
+    on_path = 0
+    for tmax in TILE_MAXIMA if r.scale else [0]:
+        qt, p2q, hi, lo = cpu._tile_consts(tmax, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man,
+                                           r.maxkept, r.emaxq)
+        if not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man):
+            continue
+        on_path += 1
+        bad = _compare(xs, r.kind, qt, p2q, hi, lo, r.man, r.ftz, r.ovf_inf, r.inf_nan)
+        assert not bad, f"{fmt} tile max {tmax:#x}: {len(bad)} inputs differ, first {int(xs[bad[0]]) & 0xFFFFFFFF:#010x}"
+    assert on_path, f"{fmt}: never on the shortcut"
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "tf32", bfp.Float(7, 23), bfp.Float(2, 23)], ids=str)
+def test_wide_formats_keep_the_integer_rule(fmt):
+    """A format whose largest binade is near float32's (``c`` would overflow) or with 23 mantissa
+    bits (``c`` would not exceed its binade): the integer rule stays."""
+    r = rule_for(bfp.format_from_name(fmt) if isinstance(fmt, str) else fmt)
+    qt, p2q, hi, _ = cpu._tile_consts(0, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+    assert not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
+
+
+def test_no_mantissa_bits_keep_the_integer_rule():
+    """One code per binade: ties go to the even exponent field, not the even multiple."""
+    r = rule_for(bfp.P3109(8, 1))
+    qt, p2q, hi, _ = cpu._tile_consts(0, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+    assert r.man == 0 and not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
+
+
+def test_quantize_takes_the_shortcut_with_flush_to_zero_set():
+    """The shortcut's grid is >= 2**-125, so a CPU treating subnormals as zero changes nothing."""
+    import torch
+    x = torch.tensor([1e-40, -1e-39, 2.0 ** -10 * 1.0625, 3.0, 500.0, float("inf"), float("nan"), -0.0])
+    fmt = bfp.format_from_name("float8_e4m3fn")
+    want = bfp.quantize(x, fmt).view(torch.int32)
+    torch.set_flush_denormal(True)
+    try:
+        got = bfp.quantize(x, fmt).view(torch.int32)
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(got, want)
+    assert want[:4].tolist() == torch.tensor([0.0, -0.0, 2.0 ** -9, 3.0]).view(torch.int32).tolist()
