@@ -1,6 +1,6 @@
 """What the NVFP4 kernels share (``nvfp4``, bfpsim's convention, its CPU/CUDA/RHT kernels, and
 ``nvfp4_te``, TransformerEngine's): the element and scale formats as ``Float`` rules, float32 <->
-bit-pattern views, the tensor scale, the CPU kernels' block chunk. They import this module and
+bit-pattern views, the tensor scale (and TE's encode and decode scales), the CPU kernels' block chunk. They import this module and
 not each other."""
 from __future__ import annotations
 
@@ -35,3 +35,23 @@ def tensor_scale(amax_bits: int, fmt: NVFP4) -> np.float32:
         return np.float32(1.0)
     amax = np.array([amax_bits], np.int32).view(np.float32)[0]
     return max(np.float32(amax / PTS_DIV), PTS_MIN)
+
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def fp32(v: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32, device=like.device)
+
+
+def encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """TransformerEngine's ``S_enc = min(fp32(448 * 6) / amax, FLT_MAX)`` (``nvfp4_te``, step 1), an
+    ``S_enc`` of 0 (an infinite amax) replaced by 1 (a 0-dim float32 tensor)."""
+    s = torch.minimum(fp32(E4M3_MAX * E2M1_MAX, amax) / amax, fp32(FLT_MAX, amax))
+    return torch.where(s == 0, fp32(1.0, amax), s)
+
+
+def te_scales(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S_dec, S_enc * fp32(1/6))`` of ``nvfp4_te``'s step 1 from the tensor's amax (0-dim float32)."""
+    s_enc = encode_scale(amax)
+    return fp32(1.0, amax) / s_enc, s_enc * fp32(1.0, amax).div(fp32(E2M1_MAX, amax))

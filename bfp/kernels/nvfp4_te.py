@@ -30,23 +30,10 @@ from __future__ import annotations
 import torch
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
-from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float
+from .nvfp4_codes import E2M1, E4M3, FLT_MAX, bits as _bits, fp32 as _fp32, floats as _float, te_scales
 from .plan import rule_for
 from .reference import quantize_bits, tile_max
 from .scalar import MAG
-
-FLT_MAX = torch.finfo(torch.float32).max
-
-
-def _fp32(v: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=like.device)
-
-
-def encode_scale(amax: torch.Tensor) -> torch.Tensor:
-    """``S_enc`` of step 1 (a 0-dim float32 tensor)."""
-    s = torch.minimum(_fp32(E4M3_MAX * E2M1_MAX, amax) / amax, _fp32(FLT_MAX, amax))
-    return torch.where(s == 0, _fp32(1.0, amax), s)
-
 
 def _round(v: torch.Tensor, fmt, keys, backend: str) -> torch.Tensor:
     """``v`` rounded to the element format ``fmt`` by the shared element rule: the Numba CPU kernel
@@ -89,14 +76,12 @@ def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None, backend: str = "r
     ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" runs 1-D row blocks as one
     Numba pass (``nvfp4_te_cpu``) and rounds the others with the Numba element kernel (``_round``)."""
     mag = torch.nan_to_num(xm.abs(), nan=0.0, posinf=float("inf"))  # NaN takes no part; Inf does
+    if tile is None and xm.dim() and xm.numel() and backend == "cpu" and xm.device.type == "cpu":
+        from . import nvfp4_te_cpu  # Numba loads on first use
+        return nvfp4_te_cpu.quantize(xm.contiguous(), xm.dim() - 1, fmt, keys)
     amax = mag.amax() if xm.numel() else _fp32(0.0, xm)
-    s_enc = encode_scale(amax)
-    s_dec = _fp32(1.0, xm) / s_enc
-    mult = s_enc * _fp32(1.0, xm).div(_fp32(E2M1_MAX, xm))  # S_enc * fp32(1/6)
+    s_dec, mult = te_scales(amax)
     if tile is None and xm.dim() and xm.numel():
-        if backend == "cpu" and xm.device.type == "cpu":
-            from . import nvfp4_te_cpu  # Numba loads on first use
-            return nvfp4_te_cpu.rows(xm.contiguous(), fmt, keys, mult, s_dec)
         return _rows(xm, fmt, keys, backend, mag, ~torch.isnan(xm), s_dec, mult)
     real = ~torch.isnan(xm)
     m = _bits(mag) & MAG

@@ -1,8 +1,14 @@
-"""NVFP4 in TransformerEngine's convention (``bfp.kernels.nvfp4_te``) as one Numba CPU pass over
-1-D blocks along the rows: per block its maximum, its E4M3 scale and its elements, each step the
-float32 operation of the PyTorch code, in the same order, so the bits are the same (tests/
-test_nvfp4_te.py). The tensor's amax, ``S_enc`` and ``S_dec`` come from the caller. Imported, and
-compiled, on first use.
+"""NVFP4 in TransformerEngine's convention (``bfp.kernels.nvfp4_te``) as Numba CPU kernels for 1-D
+blocks along any axis, in the tensor's own layout (no transposing copy): the tensor is seen as
+``(A, R, C)``, ``R`` the block axis. Per block its largest magnitude (NaN takes no part, Inf does),
+its E4M3 scale and its elements, each step the float32 operation of the PyTorch code, in the same
+order, so the bits are the same (tests/test_nvfp4_te.py). ``C == 1`` (blocks along the last axis)
+runs the row kernel, one block at a time; ``C > 1`` the column kernels, 16 rows at a time along
+the columns (as ``nvfp4_cpu``'s). The tensor's amax is the largest block maximum; ``S_enc`` and
+``S_dec`` come from it by ``nvfp4_codes.te_scales``. Stochastic draws use an element's index with the
+block axis moved last, as the reference does. E4M3 scales round by ``cpu._elem_nearest`` (on its
+path, checked per call), nearest E2M1 elements by ``nvfp4_cpu._e2m1_nearest`` (float32 only). Imported, and compiled,
+on first use.
 """
 from __future__ import annotations
 
@@ -10,62 +16,157 @@ import functools
 
 import numpy as np
 import torch
-from numba import prange
+from numba import njit, prange
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
-from .cpu import _elem, _elem_nearest, _rand32, _tile_consts, specialise
-from .nvfp4_cpu import _consts
-from .nvfp4_codes import E2M1, E4M3
+from .cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts, specialise
+from .nvfp4_cpu import _col_item, _col_tasks, _consts, _e2m1_nearest
+from .nvfp4_codes import E2M1, E4M3, te_scales
+from .pages import advise
 from .plan import MODE
 from .scalar import EXP_INF, MAG
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 _FMAX, _SIX, _E4 = np.float32(3.4028234663852886e38), np.float32(E2M1_MAX), np.float32(E4M3_MAX)
+STEP = 1 << 16  # elements per step of the amax pass
 mode, block = 1, 16  # compile-time constants of each specialised kernel (cpu.specialise)
 
 
-def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
+@njit(inline="always")
+def _mag(xb):
+    """Magnitude bits for a maximum: NaN takes no part (0), Inf does."""
+    m = xb & _MAG
+    return m if m <= _INF else np.int32(0)
+
+
+@njit(inline="always")
+def _scale(top_bits, mult, s_dec, e4):
+    """``(sb8, enc)`` of a block whose largest magnitude has bits ``top_bits``: TE's E4M3 block scale
+    (no lower clamp) and the encode multiplier ``min(1 / (sb8 * S_dec), FLT_MAX)``."""
     c4 = _tile_consts(0, 0, 0, 0, 0, 0, e4[0], e4[1], e4[2], e4[3])
+    sb = min(max(min(np.int32(top_bits).view(np.float32) * mult, _FMAX), -_E4), _E4)
+    sbb = _elem_nearest(np.int64(np.float32(sb).view(np.int32)), 0, c4[0], c4[1], c4[2], c4[3], e4[1], e4[4],
+                        e4[5], e4[6])
+    sb8 = np.int32(sbb).view(np.float32)
+    return sb8, min(np.float32(1.0) / (sb8 * s_dec), _FMAX)
+
+
+@njit(inline="always")
+def _out(xb, x, sb8, enc, s_dec, rmode, c2, e2, r):
+    """Output bits of one element: ``e2m1(clamp(x * enc, +-6)) * sb8 * S_dec`` (``rmode``: the
+    kernel's compile-time rounding mode, passed in: an inlined helper sees this module's globals);
+    NaN stays NaN."""
+    nan = (xb & _MAG) > _INF
+    v = min(max(x * enc, -_SIX), _SIX)
+    if rmode == 1:  # float32 only (nvfp4_cpu's E2M1 rounding, the rule's bits for |v| <= 6)
+        return xb if nan else np.float32(_e2m1_nearest(v) * sb8 * s_dec).view(np.int32)
+    vb = np.int64(xb) if nan else np.int64(np.float32(v).view(np.int32))
+    qb = _elem(vb, 0, rmode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
+    return np.int32(qb) if nan else np.float32(np.int32(qb).view(np.float32) * sb8 * s_dec).view(np.int32)
+
+
+@njit(parallel=True, cache=True)
+def amax_bits(xi):
+    """float32 bits of the largest magnitude (NaN takes no part, Inf does; 0: none)."""
+    parts = np.zeros((xi.size + STEP - 1) // STEP, np.int32)
+    for s in prange(parts.size):
+        xs = xi[s * STEP:min(xi.size, s * STEP + STEP)]  # a slice: indices provably >= 0
+        top = np.int32(0)
+        for j in range(xs.size):
+            top = max(top, _mag(xs[j]))
+        parts[s] = top
+    return parts.max() if parts.size else np.int32(0)
+
+
+def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
     c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
     nb = (n + block - 1) // block
     for t in prange(rows * nb):
         a = (t // nb) * n + (t % nb) * block
         end = min(a + block, (t // nb) * n + n)
-        top = np.float32(0.0)
-        for j in range(a, end):  # the block's largest magnitude: NaN takes no part, Inf does
-            if (xi[j] & _MAG) <= _INF:
-                top = max(top, abs(xf[j]))
-        sb = min(max(min(top * mult, _FMAX), -_E4), _E4)
-        sbb = _elem(np.int64(np.float32(sb).view(np.int32)), 0, 1, c4[0], c4[1], c4[2], c4[3], e4[1], e4[4],
-                    e4[5], e4[6], 0)
-        sb8 = np.int32(sbb).view(np.float32)
-        enc = min(np.float32(1.0) / (sb8 * s_dec), _FMAX)
         xs, fs, os = xi[a:end], xf[a:end], oi[a:end]  # slices: indices provably >= 0
+        top = np.int32(0)
         for k in range(xs.size):
-            xb = xs[k]
-            nan = (xb & _MAG) > _INF
-            v = min(max(fs[k] * enc, -_SIX), _SIX)
-            vb = np.int64(xb) if nan else np.int64(np.float32(v).view(np.int32))
-            if mode == 1:  # E2M1 is on cpu._elem_nearest's path (tests/test_kernels_nearest.py)
-                qb = _elem_nearest(vb, 0, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6])
-            else:
-                r = _rand32(k0, k1, np.int64(a + k)) if mode == 2 else 0
-                qb = _elem(vb, 0, mode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
-            q = np.int32(qb).view(np.float32)
-            os[k] = np.int32(qb) if nan else np.float32(q * sb8 * s_dec).view(np.int32)
+            top = max(top, _mag(xs[k]))
+        sb8, enc = _scale(top, mult, s_dec, e4)
+        for k in range(xs.size):
+            r = _rand32(k0, k1, np.int64(a + k)) if mode == 2 else 0
+            os[k] = _out(xs[k], fs[k], sb8, enc, s_dec, mode, c2, e2, r)
+
+
+def _te_col_max(xi, bmax, A, R, C):
+    """bmax[(a * nb + rb) * C + c]: the largest magnitude bits of rows rb*16.. of column c."""
+    nb, ncc, per, nrr = _col_tasks(R, C, block)
+    for s in prange(A * nrr * ncc):
+        a, _, a0, rr, c0, c1 = _col_item(s, 1, nrr, ncc, C)
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            bm = bmax[(a * nb + rb) * C + c0:(a * nb + rb) * C + c1]
+            bm[:] = 0
+            for r in range(rb * block, min(R, rb * block + block)):
+                xs = xi[(a * R + r) * C + c0:(a * R + r) * C + c1]
+                for c in range(c1 - c0):
+                    bm[c] = max(bm[c], _mag(xs[c]))
+
+
+def _te_cols(xi, xf, oi, bmax, A, R, C, mult, s_dec, e4, e2, k0, k1):
+    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+    nb, ncc, per, nrr = _col_tasks(R, C, block)
+    for s in prange(A * nrr * ncc):
+        a, _, a0, rr, c0, c1 = _col_item(s, 1, nrr, ncc, C)
+        w = c1 - c0
+        sc = np.empty(w, np.float32)
+        en = np.empty(w, np.float32)
+        for rb in range(rr * per, min(nb, rr * per + per)):
+            bm = bmax[(a * nb + rb) * C + c0:(a * nb + rb) * C + c1]
+            for c in range(w):
+                sc[c], en[c] = _scale(bm[c], mult, s_dec, e4)
+            for r in range(rb * block, min(R, rb * block + block)):
+                row = (a * R + r) * C + c0
+                xs, fs, os = xi[row:row + w], xf[row:row + w], oi[row:row + w]  # indices >= 0
+                for c in range(w):
+                    k = (a * C + c0 + c) * R + r  # the index with the block axis moved last
+                    r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                    os[c] = _out(xs[c], fs[c], sc[c], en[c], s_dec, mode, c2, e2, r32)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(rounding_mode: int, blk: int):
-    return specialise(_te_rows, f"nvfp4_te_rows_mode{rounding_mode}_b{blk}", True, mode=rounding_mode, block=blk)
+def _kernels(rounding_mode: int, blk: int):
+    return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_mode{rounding_mode}_b{blk}", True,
+                            mode=rounding_mode, block=blk) for t in (_te_rows, _te_col_max, _te_cols))
 
 
-def rows(xm: torch.Tensor, fmt: NVFP4, keys, mult: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
-    """NVFP4 (TE convention, 1-D blocks along the last axis) of the contiguous CPU float32 ``xm``."""
-    n = xm.shape[-1]
-    out = torch.empty_like(xm)
-    _kernel(MODE[fmt.rounding], fmt.block)(
-        xm.view(torch.int32).numpy().reshape(-1), xm.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1),
-        xm.numel() // n, n, np.float32(mult.item()), np.float32(s_dec.item()), _consts(E4M3),
-        _consts(E2M1[fmt.rounding]), np.int64(keys[0]), np.int64(keys[1]))
+def _on_path(fmt) -> np.ndarray:
+    """The rule constants of ``fmt``, which must be on ``cpu._elem_nearest``'s path."""
+    c = _consts(fmt)
+    t = _tile_consts(0, 0, 0, 0, 0, 0, *c[:4])
+    if not _nearest_ok(0, t[0], t[1], t[2], int(c[1])):
+        raise AssertionError(f"{fmt!r} is not on cpu._elem_nearest's path")  # fixed formats: never
+    return c
+
+
+def quantize(x32: torch.Tensor, axis: int, fmt: NVFP4, keys) -> torch.Tensor:
+    """NVFP4 (TE convention, 1-D blocks along ``axis``, normalised) of a contiguous, non-empty CPU
+    float32 tensor, in its layout."""
+    shape = x32.shape
+    A = int(np.prod(shape[:axis], dtype=np.int64))
+    R = shape[axis]
+    C = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    rows, col_max, cols = _kernels(MODE[fmt.rounding], fmt.block)
+    xb = x32.view(torch.int32).numpy().reshape(-1)
+    if C == 1:
+        top = int(amax_bits(xb))
+    else:
+        bmax = np.empty(A * -(-R // fmt.block) * C, np.int32)
+        col_max(xb, bmax, A, R, C)
+        top = int(bmax.max())
+    s_dec, mult = te_scales(torch.tensor(top, dtype=torch.int32).view(torch.float32))
+    out = torch.empty_like(x32)
+    advise(out)  # huge pages for the untouched output (pages.py)
+    args = (xb, x32.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1))
+    tail = (np.float32(mult.item()), np.float32(s_dec.item()), _on_path(E4M3), _on_path(E2M1[fmt.rounding]),
+            np.int64(keys[0]), np.int64(keys[1]))
+    if C == 1:
+        rows(*args, A, R, *tail)
+    else:
+        cols(*args, bmax, A, R, C, *tail)
     return out
