@@ -22,7 +22,10 @@ Quantizers are straight-through: the gradient of a rounding is the identity.
 received (``backward_source="full"``, the default) or the ``fi``/``fw``
 quantized copies (``"quantized"``). Where ``bwi`` equals ``fi`` (or ``biw``
 equals ``fw``), rounds deterministically and no hook is set, the forward copy
-is kept instead of x (w) and reused: the same bits, one rounding fewer. Nothing is modified in place: every
+is kept instead of x (w) and reused: the same bits, one rounding fewer. With delayed scaling the
+layer's quantizer keeps the forward copy too, while the two points' amax histories agree
+(``_StateReuse``: checked as the forward rounds and again as the backward does; otherwise the point
+rounds again). Nothing is modified in place: every
 quantization returns a new tensor, so a residual branch that shares ``x``
 sees it unchanged. The precision and the layer's hook are captured when the
 forward runs; a change between forward and backward takes effect at the next step.
@@ -72,19 +75,68 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
     hook = layer.quantize_hook
     if hook is None and not getattr(layer, "has_delayed", False):  # set with the layer's precision
         return None
+    return _LayerQuantizer(layer, hook)
 
-    def q(point: str, t: Tensor, fmt: Format) -> Tensor:
+
+class _LayerQuantizer:
+    """``q(point, tensor, fmt)`` of a layer with a hook or with stateful formats (delayed scaling:
+    the layer holds each point's amax history)."""
+
+    def __init__(self, layer, hook):
+        self.layer, self.hook = layer, hook
+
+    def __call__(self, point: str, t: Tensor, fmt: Format) -> Tensor:
+        layer = self.layer
         if fmt is not None and fmt.history_length:  # the format keeps state: the layer holds it
             return quantize(t, fmt, generator=layer.generator, state=layer.format_state(point),
                             update_state=layer.training)
-        if hook is None:
+        if self.hook is None:
             return quantize(t, fmt, generator=layer.generator)
-        out = hook(layer, point, t, fmt)
+        out = self.hook(layer, point, t, fmt)
         if not isinstance(out, Tensor) or out.shape != t.shape:
             raise ValueError(f"quantize_hook must return a tensor of shape {tuple(t.shape)} for point "
                              f"{point!r}, got {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
         return out
-    return q
+
+    def reuse(self, fwd: str, bwd: str, ffmt: Optional[Format], bfmt: Optional[Format]) -> Optional["_StateReuse"]:
+        """Before ``fwd`` rounds: a promise that ``bwd`` (the same tensor, the same stateful format,
+        deterministic, no hook) will round it to the forward's bits, or None."""
+        if (self.hook is not None or ffmt is None or ffmt != bfmt or not ffmt.history_length
+                or ffmt.rounding is Rounding.STOCHASTIC):
+            return None
+        hf, hb = self.layer.format_state(fwd), self.layer.format_state(bwd)
+        return _StateReuse(self.layer, hf, hb) if torch.equal(hf, hb) else None
+
+
+class _StateReuse:
+    """A backward point of delayed scaling (``bwi``, ``biw``) served by its forward point's copy.
+
+    The two points round the same tensor with the same format; their scales come from their amax
+    histories, which the forward and the backward push the same amax into, so they agree step
+    after step. Exact when the histories are equal as the forward rounds (checked then) and the
+    backward point's is untouched until the backward runs (its version counter, checked by
+    ``take``: a layer called twice before one backward fails it, and the point rounds again). ``take``
+    then pushes the forward's amax into the backward point's history, as its own rounding would in
+    training. Saves two of a layer's six roundings per step (BENCHMARKS.md, issue 31)."""
+
+    def __init__(self, layer, hf: Tensor, hb: Tensor):
+        self.layer, self.hf, self.hb, self.version = layer, hf, hb, hb._version
+        self.pushed: Optional[Tensor] = None
+
+    def forward_done(self) -> None:
+        """After the forward point rounded: the amax it pushed (training), for ``take``."""
+        if self.layer.training:
+            self.pushed = self.hf[:1].clone()
+
+    def take(self) -> bool:
+        """At the backward point: whether the forward copy is its rounding (then its history moves
+        as its own rounding would have moved it)."""
+        if self.hb._version != self.version or (self.layer.training and self.pushed is None):
+            return False
+        if self.layer.training:
+            with torch.no_grad():
+                self.hb.copy_(torch.cat([self.pushed, self.hb[:-1]]))
+        return True
 
 
 def _point(q: Quantizer, point: str, t: Tensor, fmt: Optional[Format]) -> Tensor:
@@ -253,19 +305,28 @@ class QGemmFunction(torch.autograd.Function):
     def forward(ctx, x, w, b, op, precision: LayerPrecision, quantizer: Optional[Quantizer], generator):
         p = precision
         q = quantizer if quantizer is not None else _plain_quantizer(generator)
+        # delayed scaling: bwi/biw may take the forward copies (decided before fi/fw round)
+        reuse = getattr(quantizer, "reuse", None) if p.backward_source != "quantized" else None
+        tok = (reuse("fi", "bwi", p.fi, p.bwi) if reuse and p.rht is None else None,
+               reuse("fw", "biw", p.fw, p.biw) if reuse else None)
         xq, wq = _point(q, "fi", x, p.fi), _point(q, "fw", w, p.fw)
         y = op.forward(xq, wq, b, _acc_for(p, "forward", op), generator)
         y = _point(q, "fo", y, p.fo)
+        ctx.tok = tok
         if p.backward_source == "quantized":
             ctx.reused = (False, False)
-            ctx.save_for_backward(xq, wq)
+            ctx.save_for_backward(xq, wq, None, None)
         else:
             # bwi(x) == fi(x) bit for bit when both are the same deterministic format and
             # plain bfp.quantize rounds: keep the forward copy instead of rounding again.
             # (not with a Hadamard transform: bwi then rounds the transformed input)
             ctx.reused = (_same_rounding(quantizer, p.fi, p.bwi) and p.rht is None,
                           _same_rounding(quantizer, p.fw, p.biw))
-            ctx.save_for_backward(xq if ctx.reused[0] else x, wq if ctx.reused[1] else w)
+            for t in tok:
+                if t is not None:
+                    t.forward_done()
+            ctx.save_for_backward(xq if ctx.reused[0] else x, wq if ctx.reused[1] else w,
+                                  xq if tok[0] else None, wq if tok[1] else None)
         ctx.op, ctx.precision, ctx.q, ctx.generator = op, p, q, generator
         ctx.plain = quantizer is None  # no hook reads the tensors a point rounds
         ctx.has_bias = b is not None
@@ -274,13 +335,17 @@ class QGemmFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
+        x, w, xq, wq = ctx.saved_tensors
         p, op, q, gen = ctx.precision, ctx.op, ctx.q, ctx.generator
+        reused = (ctx.reused[0] or (ctx.tok[0] is not None and ctx.needs_input_grad[1] and ctx.tok[0].take()),
+                  ctx.reused[1] or (ctx.tok[1] is not None and ctx.needs_input_grad[0] and ctx.tok[1].take()))
+        x = xq if reused[0] and not ctx.reused[0] else x
+        w = wq if reused[1] and not ctx.reused[1] else w
         # g has the dtype of the forward GEMM: float32, or the compute dtype under autocast,
         # which the backward GEMMs use too (as autograd does); .to is a no-op otherwise.
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            w_biw = w if ctx.reused[1] else _point(q, "biw", w, p.biw)
+            w_biw = w if reused[1] else _point(q, "biw", w, p.biw)
             gx = op.grad_input(_grad_point(q, "bio", g, p.bio), w_biw.to(g.dtype), x,
                                _acc_for(p, "input_grad", op), gen)
             gx = _grad_point(q, "big", gx, p.big)
@@ -292,11 +357,11 @@ class QGemmFunction(torch.autograd.Function):
                                      f"Matmul layer, got {type(op).__name__.strip('_').replace('Op', '')}")
                 gr, xr = op.rows(g, x.to(g.dtype), w)
                 fuse = ctx.plain and not _overflow_active()  # nothing else reads the transformed tensors
-                x_bwi = hadamard.transform_rows(xr, p.rht) if ctx.reused[0] else \
+                x_bwi = hadamard.transform_rows(xr, p.rht) if reused[0] else \
                     _rht_point(q, "bwi", xr, p.bwi, p.rht, gen, fuse)
                 g_bwo = _rht_point(q, "bwo", gr, p.bwo, p.rht, gen, fuse)
             else:
-                x_bwi = xr if ctx.reused[0] else _point(q, "bwi", xr, p.bwi)
+                x_bwi = xr if reused[0] else _point(q, "bwi", xr, p.bwi)
                 g_bwo = _grad_point(q, "bwo", gr, p.bwo)
             gw = op.grad_weight(g_bwo, x_bwi.to(g.dtype), w, _acc_for(p, "weight_grad", op), gen)
             gw = _grad_point(q, "bwg", gw, p.bwg)
