@@ -1,4 +1,4 @@
-"""Delayed scaling: ``bwi``/``biw`` take the forward copies of ``fi``/``fw`` (``functional._StateReuse``)
+"""Delayed scaling: ``bwi``/``biw`` take the forward copies of ``fi``/``fw`` (``bfp.quantizer._StateReuse``)
 and training is bit for bit what rounding them again gives: weights, gradients and every amax
 history, step after step, also when the histories part (a training-mode forward without a
 backward) and when a layer runs twice before one backward."""
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import bfp
-import bfp.functional as bfpF
+import bfp.quantizer
 
 
 class Net(nn.Module):
@@ -50,13 +50,13 @@ def test_forward_copies_serve_the_backward_points_bit_for_bit(monkeypatch, twice
     for layer in _q_layers(hooked):
         layer.quantize_hook = _pass_through
     calls = {"n": 0}
-    real = bfpF.quantize
+    real = bfp.quantizer.quantize
 
     def counting(*a, **k):
         calls["n"] += 1
         return real(*a, **k)
 
-    monkeypatch.setattr(bfpF, "quantize", counting)
+    monkeypatch.setattr(bfp.quantizer, "quantize", counting)
     g = torch.Generator().manual_seed(1)
     opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.05) for m in (plain, hooked)}
     counts = {}

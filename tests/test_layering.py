@@ -8,7 +8,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "bfp"
 # Bottom to top (docs/architecture.md). A module may import its own floor and lower ones.
-FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumulate", "overflow", "functional", "layers", "trace", "attention", "routes", "config", "coverage", "conversion", "diagnostics",
+FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumulate", "overflow", "quantizer", "functional", "layers", "trace", "attention", "routes", "config", "coverage", "conversion", "diagnostics",
           "models", "amp", "optim", "distributed", "data", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
 LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
