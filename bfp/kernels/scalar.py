@@ -5,6 +5,8 @@ or ``numba.cuda.jit(device=True)`` (CUDA), so both fast paths run literally the
 same code. All arithmetic is on float32 *bit patterns* held in int64: no
 float rounding happens anywhere, which is what makes the result exact and
 identical across backends. ``reference.py`` spells the same rule in PyTorch.
+(The CPU's nearest rounding may take ``cpu._elem_nearest``, one float32 add and
+subtract proven equal to this rule where it applies, ending in ``_finish``.)
 
 Notation: ``m`` is the magnitude bits of a finite float32 (``bits & 0x7fffffff``),
 ``q`` the exponent of the target LSB, ``kept`` the magnitude in LSB units.
