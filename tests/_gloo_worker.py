@@ -93,6 +93,18 @@ def ddp_buckets_run(out: Path, order: str = "gloo") -> None:
         torch.save({"buckets": seen, "params": after}, out / "buckets.pt")
 
 
+def _finish() -> None:
+    """Leave together and skip the interpreter's teardown: a rank that destroyed its group while
+    another still ran DDP's last collective, or a gloo/DDP thread left joinable when C++ statics
+    are destroyed, ends in std::terminate ("terminate called without an active exception", exit
+    code -6, seen on CI) although every result was saved."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     # a file store in OUT: no port to race for with other tests
@@ -100,8 +112,7 @@ def main() -> int:
                             world_size=int(os.environ["WORLD_SIZE"]))
     if sys.argv[2:3] in (["ddp"], ["buckets"]):
         ddp_steps(out) if sys.argv[2] == "ddp" else ddp_buckets_run(out, *sys.argv[3:4])
-        dist.destroy_process_group()
-        return 0
+        _finish()
     world, rank = dist.get_world_size(), dist.get_rank()
     results = {}
     for name, stack in cases(world).items():
@@ -111,7 +122,7 @@ def main() -> int:
             results[(name, str(dtype))] = t.float()
     if rank == 0:
         torch.save(results, out / "results.pt")
-    dist.destroy_process_group()
+    _finish()
     return 0
 
 
