@@ -146,18 +146,20 @@ def test_the_per_block_row_path_equals_the_per_element_tile_path(shape):
             assert torch.equal(rows.view(torch.int32), tiles.view(torch.int32)), (name, backend)
 
 
-@pytest.mark.parametrize("shape,axis", [((20, 24, 3, 3), 0), ((20, 24, 3, 3), 1), ((20, 24, 3, 3), 3),
-                                        ((7, 33, 5), 1), ((40, 3), 0), ((2, 17, 2048), 1)], ids=str)
+@pytest.mark.parametrize("shape,axis,block", [((20, 24, 3, 3), 0, 16), ((20, 24, 3, 3), 1, 16),
+                                              ((20, 24, 3, 3), 3, 16), ((7, 33, 5), 1, 16), ((40, 3), 0, 16),
+                                              ((2, 17, 2048), 1, 16), ((40, 20, 3, 3), 1, (16, 16)),
+                                              ((33, 40), 1, (16, 16)), ((3, 20, 18, 5), 2, (16, 16))], ids=str)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_the_cpu_kernels_keep_the_layout_on_every_axis(shape, axis, rounding):
+def test_the_cpu_kernels_keep_the_layout_on_every_axis(shape, axis, block, rounding):
     """Blocks along an axis that is not the last (a convolution's input channels and batch, the
-    weight-gradient operands) run in place, with the reference's bits and draws: one block tail
-    shorter than 16, NaN and Inf inside blocks, a zero block, an infinite amax."""
+    weight-gradient operands) and TE's 16 x 16 weight tiles run in place, with the reference's bits
+    and draws: tails shorter than 16, NaN and Inf inside blocks, a zero block, an infinite amax."""
     g = torch.Generator().manual_seed(sum(shape) + axis)
     x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-40, 40, shape, generator=g).float())
     x.view(-1)[5], x.view(-1)[11] = float("nan"), float("-inf")
     x.select(axis, 0).zero_()
-    fmt = bfp.NVFP4(axis=axis, convention="te", rounding=rounding)
+    fmt = bfp.NVFP4(block, axis=axis, convention="te", rounding=rounding)
     for t in (x, torch.nan_to_num(x, posinf=0.0, neginf=0.0), torch.zeros(shape)):
         out = {b: bfp.quantize(t, fmt, backend=b, generator=torch.Generator().manual_seed(3))
                for b in ("reference", "cpu")}

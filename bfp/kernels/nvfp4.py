@@ -61,11 +61,11 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
         raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
                          f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
     if fmt.convention == "te":  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
-        if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
-            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block), backend)
-        if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis in place
+        if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis, in place
             from . import nvfp4_te_cpu  # Numba loads on first use
             return nvfp4_te_cpu.quantize(x32.contiguous(), axis, fmt, keys)
+        if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
+            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block), backend)
         xm = x32.reshape(1) if x32.dim() == 0 else x32
         return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys, None, backend).movedim(-1, axis) \
             .reshape(x32.shape)

@@ -1,12 +1,13 @@
 """NVFP4 in TransformerEngine's convention (``bfp.kernels.nvfp4_te``) as Numba CPU kernels for 1-D
-blocks along any axis, in the tensor's own layout (no transposing copy): the tensor is seen as
-``(A, R, C)``, ``R`` the block axis. Per block its largest magnitude (NaN takes no part, Inf does),
+blocks along any axis and for TE's 2-D tiles (16 x 16 weights), in the tensor's own layout (no
+transposing copy): the tensor is seen as ``(A, R, C)``, ``R`` the block axis (``(A, R0, R, C)`` for
+a tile over ``R0`` and ``R``). Per block its largest magnitude (NaN takes no part, Inf does),
 its E4M3 scale and its elements, each step the float32 operation of the PyTorch code, in the same
 order, so the bits are the same (tests/test_nvfp4_te.py). ``C == 1`` (blocks along the last axis)
-runs the row kernel, one block at a time; ``C > 1`` the column kernels, 16 rows at a time along
-the columns (as ``nvfp4_cpu``'s). The tensor's amax is the largest block maximum; ``S_enc`` and
+runs the row kernel, one block at a time; ``C > 1`` and 2-D tiles the column kernels, a block's
+rows at a time along the columns (as ``nvfp4_cpu``'s). The tensor's amax is the largest block maximum; ``S_enc`` and
 ``S_dec`` come from it by ``nvfp4_codes.te_scales``. Stochastic draws use an element's index with the
-block axis moved last, as the reference does. E4M3 scales round by ``cpu._elem_nearest`` (on its
+block axis moved last (2-D tiles: as it is), as the reference does. E4M3 scales round by ``cpu._elem_nearest`` (on its
 path, checked per call), nearest E2M1 elements by ``nvfp4_cpu._e2m1_nearest`` (float32 only). Imported, and compiled,
 on first use.
 """
@@ -29,7 +30,9 @@ from .scalar import EXP_INF, MAG
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 _FMAX, _SIX, _E4 = np.float32(3.4028234663852886e38), np.float32(E2M1_MAX), np.float32(E4M3_MAX)
 STEP = 1 << 16  # elements per step of the amax pass
-mode, block = 1, 16  # compile-time constants of each specialised kernel (cpu.specialise)
+# Compile-time constants of each specialised kernel (cpu.specialise): the rounding mode, the block
+# (b1 elements along the block axis; b0 rows of a 2-D tile along the axis before it, 1 for 1-D).
+mode, block, b0, b1, two_d = 1, 16, 1, 16, False
 
 
 @njit(inline="always")
@@ -94,45 +97,57 @@ def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
             os[k] = _out(xs[k], fs[k], sb8, enc, s_dec, mode, c2, e2, r)
 
 
-def _te_col_max(xi, bmax, A, R, C):
-    """bmax[(a * nb + rb) * C + c]: the largest magnitude bits of rows rb*16.. of column c."""
-    nb, ncc, per, nrr = _col_tasks(R, C, block)
-    for s in prange(A * nrr * ncc):
-        a, _, a0, rr, c0, c1 = _col_item(s, 1, nrr, ncc, C)
+def _te_col_max(xi, bmax, A, R0, R, C):
+    """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the largest magnitude bits of the tile of rows
+    i0*b0.. of axis R0 and rb*b1.. of axis R, column c (1-D blocks: b0 = 1, R0 = 1)."""
+    nb, ncc, per, nrr = _col_tasks(R, C, b1)
+    nb0 = (R0 + b0 - 1) // b0
+    for s in prange(A * nb0 * nrr * ncc):
+        a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
         for rb in range(rr * per, min(nb, rr * per + per)):
-            bm = bmax[(a * nb + rb) * C + c0:(a * nb + rb) * C + c1]
+            bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
             bm[:] = 0
-            for r in range(rb * block, min(R, rb * block + block)):
-                xs = xi[(a * R + r) * C + c0:(a * R + r) * C + c1]
-                for c in range(c1 - c0):
-                    bm[c] = max(bm[c], _mag(xs[c]))
+            for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                for r in range(rb * b1, min(R, rb * b1 + b1)):
+                    row = ((a * R0 + r0) * R + r) * C
+                    xs = xi[row + c0:row + c1]
+                    for c in range(c1 - c0):
+                        bm[c] = max(bm[c], _mag(xs[c]))
 
 
-def _te_cols(xi, xf, oi, bmax, A, R, C, mult, s_dec, e4, e2, k0, k1):
+def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, e2, k0, k1):
     c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
-    nb, ncc, per, nrr = _col_tasks(R, C, block)
-    for s in prange(A * nrr * ncc):
-        a, _, a0, rr, c0, c1 = _col_item(s, 1, nrr, ncc, C)
+    nb, ncc, per, nrr = _col_tasks(R, C, b1)
+    nb0 = (R0 + b0 - 1) // b0
+    for s in prange(A * nb0 * nrr * ncc):
+        a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
         w = c1 - c0
         sc = np.empty(w, np.float32)
         en = np.empty(w, np.float32)
         for rb in range(rr * per, min(nb, rr * per + per)):
-            bm = bmax[(a * nb + rb) * C + c0:(a * nb + rb) * C + c1]
+            bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
             for c in range(w):
                 sc[c], en[c] = _scale(bm[c], mult, s_dec, e4)
-            for r in range(rb * block, min(R, rb * block + block)):
-                row = (a * R + r) * C + c0
-                xs, fs, os = xi[row:row + w], xf[row:row + w], oi[row:row + w]  # indices >= 0
-                for c in range(w):
-                    k = (a * C + c0 + c) * R + r  # the index with the block axis moved last
-                    r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                    os[c] = _out(xs[c], fs[c], sc[c], en[c], s_dec, mode, c2, e2, r32)
+            for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                for r in range(rb * b1, min(R, rb * b1 + b1)):
+                    row = ((a * R0 + r0) * R + r) * C + c0
+                    xs, fs, os = xi[row:row + w], xf[row:row + w], oi[row:row + w]  # indices >= 0
+                    for c in range(w):
+                        # 1-D: the index with the block axis moved last; 2-D: as it is
+                        k = row + c if two_d else (a * C + c0 + c) * R + r
+                        r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                        os[c] = _out(xs[c], fs[c], sc[c], en[c], s_dec, mode, c2, e2, r32)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(rounding_mode: int, blk: int):
-    return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_mode{rounding_mode}_b{blk}", True,
-                            mode=rounding_mode, block=blk) for t in (_te_rows, _te_col_max, _te_cols))
+def _kernels(rounding_mode: int, blk):
+    """The row and column kernels for rounding ``rounding_mode`` and block ``blk`` (an int, or
+    (b0, b1) for 2-D tiles), compiled with both as constants."""
+    tile = isinstance(blk, tuple)
+    r0, r1 = blk if tile else (1, blk)
+    tag = f"mode{rounding_mode}_b{r0}x{r1}{'_2d' if tile else ''}"
+    return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_{tag}", True, mode=rounding_mode, block=r1,
+                            b0=r0, b1=r1, two_d=tile) for t in (_te_rows, _te_col_max, _te_cols))
 
 
 def _on_path(fmt) -> np.ndarray:
@@ -145,19 +160,25 @@ def _on_path(fmt) -> np.ndarray:
 
 
 def quantize(x32: torch.Tensor, axis: int, fmt: NVFP4, keys) -> torch.Tensor:
-    """NVFP4 (TE convention, 1-D blocks along ``axis``, normalised) of a contiguous, non-empty CPU
-    float32 tensor, in its layout."""
+    """NVFP4 (TE convention) of a contiguous, non-empty CPU float32 tensor, in its layout: 1-D
+    blocks along ``axis`` (normalised), or 2-D tiles over ``axis - 1`` and ``axis`` (TE's
+    ``quant_tile_shape``)."""
     shape = x32.shape
-    A = int(np.prod(shape[:axis], dtype=np.int64))
+    two_d = isinstance(fmt.block, tuple)
+    bb0, bb1 = fmt.block if two_d else (1, fmt.block)
+    lead = axis - 1 if two_d else axis
+    A = int(np.prod(shape[:lead], dtype=np.int64))
+    R0 = shape[axis - 1] if two_d else 1
     R = shape[axis]
     C = int(np.prod(shape[axis + 1:], dtype=np.int64))
     rows, col_max, cols = _kernels(MODE[fmt.rounding], fmt.block)
     xb = x32.view(torch.int32).numpy().reshape(-1)
-    if C == 1:
+    by_rows = C == 1 and not two_d  # the row kernel: 1-D blocks along the last axis
+    if by_rows:
         top = int(amax_bits(xb))
     else:
-        bmax = np.empty(A * -(-R // fmt.block) * C, np.int32)
-        col_max(xb, bmax, A, R, C)
+        bmax = np.empty(A * -(-R0 // bb0) * -(-R // bb1) * C, np.int32)
+        col_max(xb, bmax, A, R0, R, C)
         top = int(bmax.max())
     s_dec, mult = te_scales(torch.tensor(top, dtype=torch.int32).view(torch.float32))
     out = torch.empty_like(x32)
@@ -165,8 +186,8 @@ def quantize(x32: torch.Tensor, axis: int, fmt: NVFP4, keys) -> torch.Tensor:
     args = (xb, x32.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1))
     tail = (np.float32(mult.item()), np.float32(s_dec.item()), _on_path(E4M3), _on_path(E2M1[fmt.rounding]),
             np.int64(keys[0]), np.int64(keys[1]))
-    if C == 1:
+    if by_rows:
         rows(*args, A, R, *tail)
     else:
-        cols(*args, bmax, A, R, C, *tail)
+        cols(*args, bmax, A, R0, R, C, *tail)
     return out
