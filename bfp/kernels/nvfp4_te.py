@@ -21,8 +21,8 @@ which mirrors ``core_nvfp4.cuh``), each step a float32 operation rounded to near
 
 NaN stays NaN (TE's byte packing has no NaN code and stores it as +0; a simulator keeps it
 visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The steps are PyTorch
-float32 operations on every device; on the CPU, 1-D blocks along the rows run as one Numba pass
-(``nvfp4_te_cpu``) and other layouts round through the shared Numba element kernel, with the same
+float32 operations on every device (the reference, and CUDA); on the CPU, 1-D blocks along any axis
+and 2-D tiles run as Numba kernels in the tensor's own layout (``nvfp4_te_cpu``), with the same
 bits and draws as the reference.
 """
 from __future__ import annotations
@@ -73,8 +73,9 @@ def _rows(xm, fmt: NVFP4, keys, backend: str, mag, real, s_dec, mult) -> torch.T
 def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None, backend: str = "reference") -> torch.Tensor:
     """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous; ``tile``:
     the block's shape over ``xm`` (TE's ``quant_tile_shape`` (16, 16) for weights; default
-    ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" runs 1-D row blocks as one
-    Numba pass (``nvfp4_te_cpu``) and rounds the others with the Numba element kernel (``_round``)."""
+    ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" runs 1-D row blocks through
+    ``nvfp4_te_cpu`` and rounds 2-D tiles here with the Numba element kernel (``_round``; CPU
+    callers of ``bfp.quantize`` reach ``nvfp4_te_cpu`` for tiles too)."""
     mag = torch.nan_to_num(xm.abs(), nan=0.0, posinf=float("inf"))  # NaN takes no part; Inf does
     if tile is None and xm.dim() and xm.numel() and backend == "cpu" and xm.device.type == "cpu":
         from . import nvfp4_te_cpu  # Numba loads on first use
