@@ -79,7 +79,8 @@ from typing import Optional
 import torch
 from numba import config as numba_config
 
-from .kernels.fused import (ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_chain32,
+from .kernels.cpu import threads_for
+from .kernels.fused import (SERIAL_PRODUCTS, ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_chain32,
                            operand_exponents)
 from .precision import FusedAccumulator
 
@@ -145,8 +146,9 @@ class _Kernel:
         if self.narrow:  # from the exponent bits, in Numba
             self.a, self.b = self.a.contiguous(), self.b.contiguous()
             self.ea, self.eb = (torch.empty(x.shape, dtype=torch.int32) for x in (self.a, self.b))
-            exponents32(self.a.numpy(), emin_a, self.ea.numpy())
-            exponents32(self.b.numpy(), emin_b, self.eb.numpy())
+            for x, emin, e in ((self.a, emin_a, self.ea), (self.b, emin_b, self.eb)):
+                with threads_for(x.numel()):
+                    exponents32(x.numpy(), emin, e.numpy())
         else:
             self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
         # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
@@ -171,7 +173,8 @@ class _Kernel:
             on_device(*(x.contiguous() for x in (pa, pb, pea, peb)), out, *self.params)
         elif self.narrow:
             p = self.params
-            fused_chain32(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *p[:7], self.skip)
+            with threads_for(m * n * width, SERIAL_PRODUCTS):
+                fused_chain32(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *p[:7], self.skip)
         else:
             _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip, 2000)
         return out.float()  # a chain's result fits float32

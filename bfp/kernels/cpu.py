@@ -337,8 +337,10 @@ SERIAL_BELOW = 1 << 18
 
 
 @contextlib.contextmanager
-def _threads_for(n: int):
-    before = 1 if n >= SERIAL_BELOW else numba.get_num_threads()
+def threads_for(n: int, below: int = SERIAL_BELOW):
+    """Run a kernel's parallel loops on the calling thread only when its work ``n`` is under
+    ``below`` (elements here; the tensor-core chains pass products, ``fused.SERIAL_PRODUCTS``)."""
+    before = 1 if n >= below else numba.get_num_threads()
     if before == 1:
         yield
         return
@@ -354,7 +356,7 @@ def run(xb: np.ndarray, ob: np.ndarray, rule, shape4, tile4, keys, stats: bool):
     kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
     k0, k1 = keys
     elementwise, tiled = kernels(kind, mode)
-    with _threads_for(xb.size):
+    with threads_for(xb.size):
         if shape4 is None:
             return elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan,
                                k0, k1, stats)
@@ -378,7 +380,7 @@ def inplace_kernels(KIND: int, MODE: int):
 def round_inplace(xb: np.ndarray, rule, keys) -> None:
     """Quantize flat int32 bits ``xb`` in place to an element-wise format."""
     kind, mode, _, _, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
-    with _threads_for(xb.size):
+    with threads_for(xb.size):
         inplace_kernels(kind, mode)[0](xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
                                        inf_nan, *keys)
 
@@ -386,6 +388,6 @@ def round_inplace(xb: np.ndarray, rule, keys) -> None:
 def add_round(sb: np.ndarray, tb: np.ndarray, rule, keys) -> None:
     """``s = q(s + t)`` in place on flat int32 bits, element-wise format."""
     kind, mode, _, _, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
-    with _threads_for(sb.size):
+    with threads_for(sb.size):
         inplace_kernels(kind, mode)[1](sb, tb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
                                        inf_nan, *keys)
