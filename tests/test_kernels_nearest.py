@@ -84,16 +84,23 @@ def test_no_mantissa_bits_keep_the_integer_rule():
     assert r.man == 0 and not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
 
 
-def test_quantize_takes_the_shortcut_with_flush_to_zero_set():
-    """The shortcut's grid is >= 2**-125, so a CPU treating subnormals as zero changes nothing."""
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float6_e3m2fn", "fb16", "mxfp8_e4m3"])
+def test_quantize_takes_the_shortcut_with_flush_to_zero_set(name):
+    """The shortcut's grid is >= 2**-125, so a CPU treating subnormals as zero changes nothing:
+    whole tensors of every rounding decision (float32 subnormals included, run by the parallel
+    kernel) under ``torch.set_flush_denormal(True)`` equal the integer rule (the PyTorch
+    reference backend) bit for bit."""
     import torch
-    x = torch.tensor([1e-40, -1e-39, 2.0 ** -10 * 1.0625, 3.0, 500.0, float("inf"), float("nan"), -0.0])
-    fmt = bfp.format_from_name("float8_e4m3fn")
-    want = bfp.quantize(x, fmt).view(torch.int32)
-    torch.set_flush_denormal(True)
+    fmt = bfp.format_from_name(name)
+    x = torch.from_numpy(_inputs()).view(torch.float32).reshape(-1, 32)
+    assert (x.view(torch.int32) & 0x7F800000 == 0).sum() >= 300  # float32 subnormals (both signs)
+    want = bfp.quantize(x, fmt, backend="reference").view(torch.int32)
+    assert torch.set_flush_denormal(True), "this CPU cannot flush denormals"
     try:
-        got = bfp.quantize(x, fmt).view(torch.int32)
+        got = bfp.quantize(x, fmt, backend="cpu").view(torch.int32)
     finally:
         torch.set_flush_denormal(False)
-    assert torch.equal(got, want)
-    assert want[:4].tolist() == torch.tensor([0.0, -0.0, 2.0 ** -9, 3.0]).view(torch.int32).tolist()
+    assert torch.equal(got, want), f"{(got != want).sum()} of {x.numel()} differ"
+    if name == "float8_e4m3fn":
+        y = torch.tensor([1e-40, -1e-39, 2.0 ** -10 * 1.0625, 3.0])
+        assert bfp.quantize(y, fmt).tolist() == [0.0, -0.0, 2.0 ** -9, 3.0]

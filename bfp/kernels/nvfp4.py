@@ -65,9 +65,9 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
             from . import nvfp4_te_cpu  # Numba loads on first use
             return nvfp4_te_cpu.quantize(x32.contiguous(), axis, fmt, keys)
         if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
-            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block), backend)
+            return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block))
         xm = x32.reshape(1) if x32.dim() == 0 else x32
-        return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys, None, backend).movedim(-1, axis) \
+        return quantize_te(xm.movedim(axis, -1).contiguous(), fmt, keys).movedim(-1, axis) \
             .reshape(x32.shape)
     if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
         if backend == "cpu" and not x32.is_cuda:

@@ -35,21 +35,13 @@ from .plan import rule_for
 from .reference import quantize_bits, tile_max
 from .scalar import MAG
 
-def _round(v: torch.Tensor, fmt, keys, backend: str) -> torch.Tensor:
-    """``v`` rounded to the element format ``fmt`` by the shared element rule: the Numba CPU kernel
-    for ``backend="cpu"`` on a CPU tensor, the PyTorch reference otherwise (the same bits and
-    draws: both hash an element's flat index with ``keys``)."""
-    if backend == "cpu" and v.device.type == "cpu":
-        from . import cpu  # Numba loads on first use
-        v = v.contiguous()
-        out = torch.empty_like(v)
-        cpu.run(v.view(torch.int32).numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1),
-                rule_for(fmt), None, None, keys, False)
-        return out
+def _round(v: torch.Tensor, fmt, keys) -> torch.Tensor:
+    """``v`` rounded to the element format ``fmt`` by the shared element rule (the PyTorch
+    reference: an element's draw hashes its flat index with ``keys``)."""
     return _float(quantize_bits(_bits(v), rule_for(fmt), None, keys)).view(v.shape)
 
 
-def _rows(xm, fmt: NVFP4, keys, backend: str, mag, real, s_dec, mult) -> torch.Tensor:
+def _rows(xm, fmt: NVFP4, keys, mag, real, s_dec, mult) -> torch.Tensor:
     """``quantize_te`` (``mag``: |x| with NaN as 0) for 1-D blocks along the last axis, with the
     block scales computed once per block (not per element) and broadcast: the same float32
     operations, so the same bits."""
@@ -61,35 +53,32 @@ def _rows(xm, fmt: NVFP4, keys, backend: str, mag, real, s_dec, mult) -> torch.T
 
     vec_max = blocks(mag).amax(-1, keepdim=True)
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
-    sb8 = _round(sb, E4M3, keys, backend)  # nearest: the keys draw nothing
+    sb8 = _round(sb, E4M3, keys)  # nearest: the keys draw nothing
     enc = torch.minimum(_fp32(1.0, xm) / (sb8 * s_dec), _fp32(FLT_MAX, xm))
     scaled = (blocks(xm) * enc).view(*xm.shape[:-1], n + pad)[..., :n]
     v = torch.where(real, scaled.clamp(-E2M1_MAX, E2M1_MAX), xm).contiguous()
-    q = _round(v, E2M1[fmt.rounding], keys, backend).view(xm.shape)
+    q = _round(v, E2M1[fmt.rounding], keys).view(xm.shape)
     out = (blocks(q) * sb8 * s_dec).view(*xm.shape[:-1], n + pad)[..., :n]
     return torch.where(real, out, q)
 
 
-def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None, backend: str = "reference") -> torch.Tensor:
-    """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous; ``tile``:
-    the block's shape over ``xm`` (TE's ``quant_tile_shape`` (16, 16) for weights; default
-    ``fmt.block`` along the last axis, TE's (1, 16)); ``backend`` "cpu" runs 1-D row blocks through
-    ``nvfp4_te_cpu`` and rounds 2-D tiles here with the Numba element kernel (``_round``; CPU
-    callers of ``bfp.quantize`` reach ``nvfp4_te_cpu`` for tiles too)."""
+def quantize_te(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
+    """NVFP4 (TE convention) of float32 ``xm`` whose block axis is the last, contiguous, as PyTorch
+    float32 operations on its device; ``tile``: the block's shape over ``xm`` (TE's
+    ``quant_tile_shape`` (16, 16) for weights; default ``fmt.block`` along the last axis, TE's
+    (1, 16), with the block scales computed once per block). CPU tensors reach the Numba kernels
+    (``nvfp4_te_cpu``) through ``nvfp4.quantize``, the one dispatch."""
     mag = torch.nan_to_num(xm.abs(), nan=0.0, posinf=float("inf"))  # NaN takes no part; Inf does
-    if tile is None and xm.dim() and xm.numel() and backend == "cpu" and xm.device.type == "cpu":
-        from . import nvfp4_te_cpu  # Numba loads on first use
-        return nvfp4_te_cpu.quantize(xm.contiguous(), xm.dim() - 1, fmt, keys)
     amax = mag.amax() if xm.numel() else _fp32(0.0, xm)
     s_dec, mult = te_scales(amax)
     if tile is None and xm.dim() and xm.numel():
-        return _rows(xm, fmt, keys, backend, mag, ~torch.isnan(xm), s_dec, mult)
+        return _rows(xm, fmt, keys, mag, ~torch.isnan(xm), s_dec, mult)
     real = ~torch.isnan(xm)
     m = _bits(mag) & MAG
     vec_max = _float(tile_max(m, tuple(tile) if tile is not None else (1,) * (xm.dim() - 1) + (fmt.block,)))
     sb = torch.minimum(vec_max * mult, _fp32(FLT_MAX, xm)).clamp(-E4M3_MAX, E4M3_MAX)
-    sb8 = _round(sb, E4M3, keys, backend)
+    sb8 = _round(sb, E4M3, keys)
     enc = torch.minimum(_fp32(1.0, xm) / (sb8 * s_dec), _fp32(FLT_MAX, xm))
     v = torch.where(real, (xm * enc).clamp(-E2M1_MAX, E2M1_MAX), xm)
-    q = _round(v, E2M1[fmt.rounding], keys, backend).view(xm.shape)
+    q = _round(v, E2M1[fmt.rounding], keys).view(xm.shape)
     return torch.where(real, q * sb8 * s_dec, q)

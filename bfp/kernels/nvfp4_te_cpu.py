@@ -43,15 +43,21 @@ def _mag(xb):
 
 
 @njit(inline="always")
-def _scale(top_bits, mult, s_dec, e4):
+def _scale(top_bits, mult, s_dec, e4, c4):
     """``(sb8, enc)`` of a block whose largest magnitude has bits ``top_bits``: TE's E4M3 block scale
-    (no lower clamp) and the encode multiplier ``min(1 / (sb8 * S_dec), FLT_MAX)``."""
-    c4 = _tile_consts(0, 0, 0, 0, 0, 0, e4[0], e4[1], e4[2], e4[3])
+    (no lower clamp) and the encode multiplier ``min(1 / (sb8 * S_dec), FLT_MAX)`` (``c4``: E4M3's
+    tile constants, ``_consts4``, computed once per kernel call)."""
     sb = min(max(min(np.int32(top_bits).view(np.float32) * mult, _FMAX), -_E4), _E4)
     sbb = _elem_nearest(np.int64(np.float32(sb).view(np.int32)), 0, c4[0], c4[1], c4[2], c4[3], e4[1], e4[4],
                         e4[5], e4[6])
     sb8 = np.int32(sbb).view(np.float32)
     return sb8, min(np.float32(1.0) / (sb8 * s_dec), _FMAX)
+
+
+@njit(inline="always")
+def _consts4(e4):
+    """E4M3's tile constants for ``_scale`` (the block scale's exponent never shifts them)."""
+    return _tile_consts(0, 0, 0, 0, 0, 0, e4[0], e4[1], e4[2], e4[3])
 
 
 @njit(inline="always")
@@ -83,6 +89,7 @@ def amax_bits(xi):
 
 def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
     c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+    c4 = _consts4(e4)
     nb = (n + block - 1) // block
     for t in prange(rows * nb):
         a = (t // nb) * n + (t % nb) * block
@@ -91,7 +98,7 @@ def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
         top = np.int32(0)
         for k in range(xs.size):
             top = max(top, _mag(xs[k]))
-        sb8, enc = _scale(top, mult, s_dec, e4)
+        sb8, enc = _scale(top, mult, s_dec, e4, c4)
         for k in range(xs.size):
             r = _rand32(k0, k1, np.int64(a + k)) if mode == 2 else 0
             os[k] = _out(xs[k], fs[k], sb8, enc, s_dec, mode, c2, e2, r)
@@ -117,6 +124,7 @@ def _te_col_max(xi, bmax, A, R0, R, C):
 
 def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, e2, k0, k1):
     c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+    c4 = _consts4(e4)
     nb, ncc, per, nrr = _col_tasks(R, C, b1)
     nb0 = (R0 + b0 - 1) // b0
     for s in prange(A * nb0 * nrr * ncc):
@@ -127,7 +135,7 @@ def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, e2, k0, k1):
         for rb in range(rr * per, min(nb, rr * per + per)):
             bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
             for c in range(w):
-                sc[c], en[c] = _scale(bm[c], mult, s_dec, e4)
+                sc[c], en[c] = _scale(bm[c], mult, s_dec, e4, c4)
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
                     row = ((a * R0 + r0) * R + r) * C + c0
@@ -150,8 +158,10 @@ def _kernels(rounding_mode: int, blk):
                             b0=r0, b1=r1, two_d=tile) for t in (_te_rows, _te_col_max, _te_cols))
 
 
+@functools.lru_cache(maxsize=None)
 def _on_path(fmt) -> np.ndarray:
-    """The rule constants of ``fmt``, which must be on ``cpu._elem_nearest``'s path."""
+    """The rule constants of ``fmt``, which must be on ``cpu._elem_nearest``'s path (checked once
+    per format; the array is shared, read only)."""
     c = _consts(fmt)
     t = _tile_consts(0, 0, 0, 0, 0, 0, *c[:4])
     if not _nearest_ok(0, t[0], t[1], t[2], int(c[1])):
