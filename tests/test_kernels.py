@@ -379,6 +379,20 @@ def test_cpu_kernel_equals_reference(fmt, shape):
     assert torch.equal(rc, oc)
 
 
+@pytest.mark.parametrize("fmt", [format_from_name("mxfp8_e4m3"), MX(Float(4, 3, "stochastic", encoding="fn"), 32),
+                                 MX(Float(2, 1, "stochastic"), 32, 0)], ids=repr)
+def test_long_tiles_over_several_segments_equal_reference(fmt):
+    """Rows longer than a kernel segment (4096 elements): the long-tile path's maxima, constants
+    and elements, each per segment, with a tail tile and stochastic draws by flat index."""
+    for shape in [(2, 4096 * 2 + 40), (3, 10000), (9000, 3)]:
+        g = torch.Generator().manual_seed(shape[1])
+        x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(-30, 30, shape, generator=g).float())
+        x.view(-1)[7::101] = float("nan")
+        got, want = (quantize_stats(x, fmt, generator=torch.Generator().manual_seed(1), backend=b)
+                     for b in ("cpu", "reference"))
+        assert torch.equal(bits(got[0]), bits(want[0])) and torch.equal(got[1], want[1]), shape
+
+
 SIM_SCRIPT = textwrap.dedent("""
     import torch, bfp
     from bfp.kernels import quantize_stats

@@ -135,38 +135,48 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
 def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
            maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
     """One work item: the rows ``rows`` (flat offsets) of one tile along axes
-    0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles are done
-    one at a time (maximum, constants, quantize). Short tiles: pass 1 takes
+    0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles: every
+    tile's maximum, then every tile's constants (into ``colmax``, ``cq``), then
+    the elements tile by tile; the maxima do not wait on each other's constants,
+    so the CPU overlaps them (one tile at a time took ~17 ns a tile of latency:
+    MX quantize 2M elements 3.5 -> 2.9 ms). Short tiles: pass 1 takes
     column maxima over the rows (vectorised) and spreads each tile's
     constants over its columns; pass 2 quantizes the rows. Nearest
-    rounding takes ``_elem_nearest`` where ``_nearest_ok`` says it applies (for
-    short tiles: to every tile of the strip). Returns the (nonzero, zeroed) counts."""
+    rounding takes ``_elem_nearest`` where ``_nearest_ok`` says it applies to
+    every tile of the strip. Returns the (nonzero, zeroed) counts."""
     w = seg1 - seg0
-    if G3 >= 16:  # long tiles (MX blocks): per tile, max then quantize, constants in registers
-        for a3 in range(0, w, G3):
-            n3 = min(G3, w - a3)
-            tmax = 0
+    if G3 >= 16:  # long tiles (MX blocks): all maxima, then all constants, then the elements
+        nt = (w + G3 - 1) // G3
+        for t in range(nt):  # independent short reductions (int32 lanes): the CPU overlaps them
+            a3 = seg0 + t * G3
+            n3 = min(G3, seg1 - a3)
+            tmax = np.int32(0)
             for row in rows:
-                xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
+                xs = xb[row + a3:row + a3 + n3]
                 for j in range(n3):
-                    m = np.int64(xs[j]) & MAG
-                    tmax = max(tmax, m if m < EXP_INF else 0)
-            c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
+                    m = xs[j] & np.int32(MAG)
+                    tmax = max(tmax, m if m < np.int32(EXP_INF) else np.int32(0))
+            colmax[t] = tmax
+        nf = 0
+        for t in range(nt):
+            c0, c1, c2, c3 = _tile_consts(np.int64(colmax[t]), KIND, scale, soff, qoff, lim, emin, man,
                                           maxkept, emaxq)
-            if MODE == 1 and _nearest_ok(KIND, c0, c1, c2, man):
-                for row in rows:
-                    xs = xb[row + seg0 + a3:row + seg0 + a3 + n3]
-                    os = ob[row + seg0 + a3:row + seg0 + a3 + n3]
+            nf += not _nearest_ok(KIND, c0, c1, c2, man)
+            cq[0, t], cq[1, t], cq[2, t], cq[3, t] = c0, c1, c2, c3
+        for t in range(nt):
+            a3 = seg0 + t * G3
+            n3 = min(G3, seg1 - a3)
+            c0, c1, c2, c3 = cq[0, t], cq[1, t], cq[2, t], cq[3, t]
+            for row in rows:
+                xs = xb[row + a3:row + a3 + n3]
+                os = ob[row + a3:row + a3 + n3]
+                if MODE == 1 and nf == 0:
                     for j in range(n3):
                         os[j] = _elem_nearest(np.int64(xs[j]), KIND, c0, c1, c2, c3, man, ftz, ovf_inf,
                                               inf_nan)
-                continue
-            for row in rows:
-                base = row + seg0 + a3
-                xs = xb[base:base + n3]
-                os = ob[base:base + n3]
+                    continue
                 for j in range(n3):
-                    r = _rand32(k0, k1, np.int64(base + j)) if MODE == 2 else 0
+                    r = _rand32(k0, k1, np.int64(row + a3 + j)) if MODE == 2 else 0
                     os[j] = _elem(np.int64(xs[j]), KIND, MODE, c0, c1, c2, c3, man, ftz,
                                   ovf_inf, inf_nan, r)
     else:  # short tiles: column maxima over the rows, constants spread over columns
