@@ -4,6 +4,7 @@
     python benchmarks/quantize.py --device cuda         # GPU (when one is there)
     python benchmarks/quantize.py --json out.json --shape 64 128 32 32 --repeat 30
     python benchmarks/quantize.py --formats nvfp4 rht16+nvfp4   # rhtB+F: Hadamard over B rows, then F
+    python benchmarks/quantize.py --shape 32 128 32 32 --formats mxfp8_e4m3@1   # F@A: blocks along axis A
 
 Throughput counts bytes read plus bytes written (2 x 4 bytes per element).
 Both quantize and clone allocate their output, as users see them. Timings
@@ -36,7 +37,18 @@ TARGETS = {"fb12": 0.7, "bfp8[1,24,3,3]-nearest": 0.7, "float8_e4m3fn": 0.7, "nv
 
 def parse_format(spec: str):
     """A preset name or ``bfpBITS[g0,g1,...]`` (a BlockFloat), optionally with
-    ``-nearest``/``-stochastic``/``-truncate``."""
+    ``-nearest``/``-stochastic``/``-truncate``, and for a blocked format with an axis
+    (MX, NVFP4) ``@AXIS`` (e.g. ``mxfp8_e4m3@1``: blocks across a convolution's channels)."""
+    spec, _, axis = spec.partition("@")
+    fmt = _parse(spec)
+    if axis:
+        if not hasattr(fmt, "axis"):
+            raise SystemExit(f"{spec!r} has no block axis to set (@{axis})")
+        fmt = type(fmt)(**{**fmt.__dict__, "axis": int(axis)})
+    return fmt
+
+
+def _parse(spec: str):
     name, _, rounding = spec.partition("-")
     block = re.fullmatch(r"bfp(\d+)\[([\d,]+)\]", name)
     if block:
