@@ -393,6 +393,27 @@ def test_long_tiles_over_several_segments_equal_reference(fmt):
         assert torch.equal(bits(got[0]), bits(want[0])) and torch.equal(got[1], want[1]), shape
 
 
+@pytest.mark.parametrize("fmt", [MX(format_from_name(n), 32, a) for n, a in
+                                 [("float8_e4m3fn", 0), ("float8_e5m2", 1), ("float6_e3m2fn", 1), ("float4_e2m1fn", 0)]]
+                         + [MX("float8_e4m3fn", block=8, axis=1, scale_mode="rceil"),
+                            MX("float4_e2m1fn", block=16, axis=0, scale_mode="ceil"),
+                            MX("float8_e5m2", block=32, axis=0, scale_mode="even")], ids=repr)
+def test_mx_across_rows_rounds_scaled_elements_exactly(fmt):
+    """Blocks across rows (the column path) round ``x * 2**-s`` with the element format's own
+    constants and multiply by ``2**s``: the reference's bits and counts at the edges of float32
+    (tiles near its smallest normals, where the kernel keeps the integer rule, and near FLT_MAX),
+    with zeros of both signs, float32 subnormals, Inf, and quiet and signaling NaNs as they are."""
+    g = torch.Generator().manual_seed(5)
+    for shape, lo, hi in [((64, 40, 5), -30, 30), ((96, 33), -140, -100), ((40, 64, 3), 90, 127), ((64, 64), -149, 127)]:
+        x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(lo, hi, shape, generator=g).float())
+        flat = x.view(-1)
+        flat[::13], flat[9::91], flat[5::97], flat[7::89] = 0.0, -0.0, float("nan"), float("inf")
+        flat.view(torch.int32)[11::83] = 0x7F800001  # signaling NaN
+        flat.view(torch.int32)[15::79] = 3  # a float32 subnormal
+        got, want = (quantize_stats(x, fmt, backend=b) for b in ("cpu", "reference"))
+        assert torch.equal(bits(got[0]), bits(want[0])) and torch.equal(got[1], want[1]), (shape, lo, hi)
+
+
 SIM_SCRIPT = textwrap.dedent("""
     import torch, bfp
     from bfp.kernels import quantize_stats

@@ -84,14 +84,16 @@ def test_no_mantissa_bits_keep_the_integer_rule():
     assert r.man == 0 and not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
 
 
-@pytest.mark.parametrize("name", ["float8_e4m3fn", "float6_e3m2fn", "fb16", "mxfp8_e4m3"])
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float6_e3m2fn", "fb16", "mxfp8_e4m3", "mxfp8_e4m3@0"])
 def test_quantize_takes_the_shortcut_with_flush_to_zero_set(name):
     """The shortcut's grid is >= 2**-125, so a CPU treating subnormals as zero changes nothing:
     whole tensors of every rounding decision (float32 subnormals included, run by the parallel
     kernel) under ``torch.set_flush_denormal(True)`` equal the integer rule (the PyTorch
     reference backend) bit for bit."""
     import torch
-    fmt = bfp.format_from_name(name)
+    fmt = bfp.format_from_name(name.partition("@")[0])
+    if "@" in name:  # MX blocks across rows: the column path rounds x * 2**-s, then multiplies
+        fmt = bfp.MX(fmt.element, fmt.block, int(name.partition("@")[2]))
     x = torch.from_numpy(_inputs()).view(torch.float32).reshape(-1, 32)
     assert (x.view(torch.int32) & 0x7F800000 == 0).sum() >= 300  # float32 subnormals (both signs)
     want = bfp.quantize(x, fmt, backend="reference").view(torch.int32)

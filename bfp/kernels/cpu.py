@@ -143,7 +143,10 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
     column maxima over the rows (vectorised) and spreads each tile's
     constants over its columns; pass 2 quantizes the rows. Nearest
     rounding takes ``_elem_nearest`` where ``_nearest_ok`` says it applies to
-    every tile of the strip. Returns the (nonzero, zeroed) counts."""
+    every tile of the strip; MX tiles of one column each (G3 == 1) then round
+    ``x * 2**-s`` with the element's own constants and multiply by ``2**s``
+    (exact: see docs/formats.md; the per-column constants' arithmetic cost more,
+    BENCHMARKS.md). Returns the (nonzero, zeroed) counts."""
     w = seg1 - seg0
     if G3 >= 16:  # long tiles (MX blocks): all maxima, then all constants, then the elements
         nt = (w + G3 - 1) // G3
@@ -188,14 +191,23 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             for j in range(w):
                 m = xs[j] & np.int32(MAG)
                 colmax[j] = max(colmax[j], m if m < np.int32(EXP_INF) else np.int32(0))
+        scaled = False
         if G3 == 1:  # a tile per column (MX blocks across rows): one loop, no inner runs
+            c_inv, c_fac = cq[4], cq[5]
+            e0, e1, e2, e3 = _tile_consts(np.int64(0), KIND, 0, soff, qoff, lim, emin, man, maxkept, emaxq)
             nf = 0
+            nout = 0
             for j in range(w):
                 c0, c1, c2, c3 = _tile_consts(np.int64(colmax[j]), KIND, scale, soff, qoff, lim, emin, man,
                                               maxkept, emaxq)
                 nf += not _nearest_ok(KIND, c0, c1, c2, man)
                 c_q[j], c_p[j], c_hi[j], c_lo[j] = c0, c1, c2, c3
+                sj = ((c3 >> 23) - 127) - emin  # the column's scale exponent: lo = 2**(emin + s)
+                nout += (sj < -126) | (sj > 126)
+                c_inv[j] = (127 - sj) << 23  # float32 bits of 2**-s and 2**s (normal when |s| <= 126)
+                c_fac[j] = (127 + sj) << 23
             fast = fast and nf == 0
+            scaled = fast and KIND == 0 and scale != 0 and nout == 0 and _nearest_ok(KIND, e0, e1, e2, man)
         for a3 in range(0, w if G3 > 1 else 0, G3):
             b3 = min(a3 + G3, w)
             tmax = 0
@@ -212,6 +224,15 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             base = row + seg0
             xs = xb[base:base + w]
             os = ob[base:base + w]
+            if scaled:  # the element format's own rule on x * 2**-s, times 2**s (exact here)
+                for j in range(w):
+                    nan = (xs[j] & np.int32(MAG)) > np.int32(EXP_INF)  # as it is: a product quiets NaN
+                    y = np.int32(xs[j]).view(np.float32) * np.int32(c_inv[j]).view(np.float32)
+                    qb = _elem_nearest(np.int64(xs[j]) if nan else np.int64(np.float32(y).view(np.int32)), KIND,
+                                       e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan)
+                    qs = np.float32(np.int32(qb).view(np.float32) * np.int32(c_fac[j]).view(np.float32))
+                    os[j] = np.int32(qb) if nan else qs.view(np.int32)
+                continue
             if fast:
                 for j in range(w):
                     os[j] = _elem_nearest(np.int64(xs[j]), KIND, c_q[j], c_p[j], c_hi[j], c_lo[j], man, ftz,
@@ -243,7 +264,7 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
     zc = 0
     for c in prange(nchunks):
         colmax = np.empty(S3, np.int32)  # 32-bit lanes: twice as many per vector as int64
-        cq = np.empty((4, S3), np.int32)
+        cq = np.empty((6, S3), np.int32)  # tile constants, and (column path) 2**-s, 2**s
         rows = np.empty(G0 * G1 * G2, np.int64)
         lnz = 0
         lzc = 0
