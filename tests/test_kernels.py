@@ -404,7 +404,7 @@ def test_mx_across_rows_rounds_scaled_elements_exactly(fmt):
     (tiles near its smallest normals, where the kernel keeps the integer rule, and near FLT_MAX),
     with zeros of both signs, float32 subnormals, Inf, and quiet and signaling NaNs as they are."""
     g = torch.Generator().manual_seed(5)
-    for shape, lo, hi in [((64, 40, 5), -30, 30), ((96, 33), -140, -100), ((40, 64, 3), 90, 127), ((64, 64), -149, 127)]:
+    for shape, lo, hi in [((64, 40, 5), -30, 30), ((96, 33), -140, -100), ((40, 64, 3), 90, 127), ((64, 64), -149, 127), ((8, 64, 3, 3), -30, 30), ((40, 64, 1, 2), -140, 60)]:
         x = torch.randn(shape, generator=g) * torch.exp2(torch.randint(lo, hi, shape, generator=g).float())
         flat = x.view(-1)
         flat[::13], flat[9::91], flat[5::97], flat[7::89] = 0.0, -0.0, float("nan"), float("inf")

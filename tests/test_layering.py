@@ -12,7 +12,7 @@ FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumula
           "models", "amp", "optim", "distributed", "data", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
 LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
-           ("kernels", "bfp.kernels.nvfp4_te_cpu"),
+           ("kernels", "bfp.kernels.nvfp4_te_cpu"), ("kernels", "bfp.kernels.inplace_cpu"),
            ("hadamard", "bfp.kernels.hadamard_cpu"),
            ("hadamard", "bfp.kernels.nvfp4_rht"), ("tensorcore", "bfp.kernels.fused_cuda")}
 

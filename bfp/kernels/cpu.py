@@ -69,6 +69,19 @@ def _elem_nearest(xb, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan):
     return _finish(xb, rb, kind, 1, hi, lo, ftz, ovf_inf, inf_nan)
 
 
+@njit(inline="always")
+def _elem_scaled(xj, inv, fac, kind, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan):
+    """An MX element as ``_elem_nearest`` of ``x * 2**-s`` with the element format's own constants,
+    times ``2**s`` (``inv``, ``fac``: their float32 bits); exact where ``_strip`` takes it. A NaN is
+    rounded as it is (a product would quiet a signaling NaN)."""
+    nan = (xj & np.int32(MAG)) > np.int32(EXP_INF)
+    y = np.int32(xj).view(np.float32) * np.int32(inv).view(np.float32)
+    qb = _elem_nearest(np.int64(xj) if nan else np.int64(np.float32(y).view(np.int32)), kind, e0, e1, e2, e3,
+                       man, ftz, ovf_inf, inf_nan)
+    qs = np.float32(np.int32(qb).view(np.float32) * np.int32(fac).view(np.float32))
+    return np.int32(qb) if nan else qs.view(np.int32)
+
+
 def _cache_dir() -> str:
     """Numba's on-disk cache folder for these kernels, named by a hash of this
     file and ``scalar.py``. Numba keys its cache on the kernel's own file only,
@@ -220,18 +233,30 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             c_p[a3:b3] = c1
             c_hi[a3:b3] = c2
             c_lo[a3:b3] = c3
-        for row in rows:
+        nr = rows.size
+        todo = rows
+        if scaled and w < 16 and rows[nr - 1] - rows[0] == (nr - 1) * w:
+            # short rows back to back (a 3x3 convolution's weight, blocks over its input channels):
+            # the factors repeated row after row (doubling: few copies), then one loop over the block
+            have = w
+            while have < nr * w:
+                m = min(have, nr * w - have)
+                c_inv[have:have + m] = c_inv[:m]
+                c_fac[have:have + m] = c_fac[:m]
+                have += m
+            xs = xb[rows[0] + seg0:rows[0] + seg0 + nr * w]
+            os = ob[rows[0] + seg0:rows[0] + seg0 + nr * w]
+            for k in range(nr * w):
+                os[k] = _elem_scaled(xs[k], c_inv[k], c_fac[k], KIND, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan)
+            todo = rows[:0]  # done (the counts below read every row)
+        for row in todo:
             base = row + seg0
             xs = xb[base:base + w]
             os = ob[base:base + w]
             if scaled:  # the element format's own rule on x * 2**-s, times 2**s (exact here)
                 for j in range(w):
-                    nan = (xs[j] & np.int32(MAG)) > np.int32(EXP_INF)  # as it is: a product quiets NaN
-                    y = np.int32(xs[j]).view(np.float32) * np.int32(c_inv[j]).view(np.float32)
-                    qb = _elem_nearest(np.int64(xs[j]) if nan else np.int64(np.float32(y).view(np.int32)), KIND,
-                                       e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan)
-                    qs = np.float32(np.int32(qb).view(np.float32) * np.int32(c_fac[j]).view(np.float32))
-                    os[j] = np.int32(qb) if nan else qs.view(np.int32)
+                    os[j] = _elem_scaled(xs[j], c_inv[j], c_fac[j], KIND, e0, e1, e2, e3, man, ftz, ovf_inf,
+                                         inf_nan)
                 continue
             if fast:
                 for j in range(w):
@@ -264,7 +289,8 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
     zc = 0
     for c in prange(nchunks):
         colmax = np.empty(S3, np.int32)  # 32-bit lanes: twice as many per vector as int64
-        cq = np.empty((6, S3), np.int32)  # tile constants, and (column path) 2**-s, 2**s
+        # tile constants, and (column path) 2**-s, 2**s: short rows repeat them over a whole tile
+        cq = np.empty((6, S3 * G0 * G1 * G2 if S3 < 16 else S3), np.int32)
         rows = np.empty(G0 * G1 * G2, np.int64)
         lnz = 0
         lzc = 0
@@ -287,37 +313,6 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
         nz += lnz
         zc += lzc
     return nz, zc
-
-
-def _round_inplace(xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1):
-    """``_elementwise`` on one buffer: ``xb[i] = q(xb[i])``. One array, so the loop
-    needs no aliasing check to vectorise, and no fresh output pages."""
-    qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
-    if MODE == 1 and _nearest_ok(KIND, qt, p2q, hi, man):
-        for i in prange(xb.size):
-            xb[i] = _elem_nearest(np.int64(xb[i]), KIND, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
-        return
-    for i in prange(xb.size):
-        r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
-        xb[i] = _elem(np.int64(xb[i]), KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
-
-
-def _add_round(sb, tb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1):
-    """The running sum of an emulated accumulator: ``s[i] = q(s[i] + t[i])`` on float32
-    bits, in place. The addition is one IEEE float32 add (round to nearest even,
-    subnormals kept, no fast-math), the same operation as torch's ``s + t``. A NaN
-    sum is the quieted NaN of ``t`` if ``t`` is one, else of ``s``: what torch's x86
-    add returns, made explicit because the compiler may swap the operands of an
-    add. The stochastic draw uses the flat index as ``_elementwise`` does."""
-    qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
-    for i in prange(sb.size):
-        t = np.int64(tb[i])
-        v = np.int64(np.float32(np.int32(sb[i]).view(np.float32) + np.int32(t).view(np.float32))
-                     .view(np.int32))
-        if (t & MAG) > EXP_INF:
-            v = t | 0x400000
-        r = _rand32(k0, k1, np.int64(i)) if MODE == 2 else 0
-        sb[i] = _elem(v, KIND, MODE, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, r)
 
 
 def _specialise(template, KIND: int, MODE: int, parallel: bool = False, **bound):
@@ -398,27 +393,3 @@ def run(xb: np.ndarray, ob: np.ndarray, rule, shape4, tile4, keys, stats: bool):
         nchunks = max(1, min(nwork, 8 * numba.get_num_threads()))
         return tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, emin, man,
                      maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, nchunks)
-
-
-@functools.lru_cache(maxsize=None)
-def inplace_kernels(KIND: int, MODE: int):
-    """``(round_inplace, add_round)`` for element-wise formats, compiled on first use."""
-    with _kernel_cache():
-        return (_specialise(_round_inplace, KIND, MODE, parallel=True),
-                _specialise(_add_round, KIND, MODE, parallel=True))
-
-
-def round_inplace(xb: np.ndarray, rule, keys) -> None:
-    """Quantize flat int32 bits ``xb`` in place to an element-wise format."""
-    kind, mode, _, _, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
-    with threads_for(xb.size):
-        inplace_kernels(kind, mode)[0](xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                                       inf_nan, *keys)
-
-
-def add_round(sb: np.ndarray, tb: np.ndarray, rule, keys) -> None:
-    """``s = q(s + t)`` in place on flat int32 bits, element-wise format."""
-    kind, mode, _, _, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
-    with threads_for(sb.size):
-        inplace_kernels(kind, mode)[1](sb, tb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                                       inf_nan, *keys)
