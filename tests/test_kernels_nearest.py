@@ -94,6 +94,10 @@ def test_quantize_takes_the_shortcut_with_flush_to_zero_set(name):
     fmt = bfp.format_from_name(name.partition("@")[0])
     if "@" in name:  # MX blocks across rows: the column path rounds x * 2**-s, then multiplies
         fmt = bfp.MX(fmt.element, fmt.block, int(name.partition("@")[2]))
+    r = rule_for(fmt.element if "@" in name else fmt)
+    if not r.scale:  # element-wise: the kernel's constants are on the shortcut (tiles: per tile)
+        qt, p2q, hi, _ = cpu._tile_consts(0, r.kind, 0, 0, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+        assert cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
     x = torch.from_numpy(_inputs()).view(torch.float32).reshape(-1, 32)
     assert (x.view(torch.int32) & 0x7F800000 == 0).sum() >= 300  # float32 subnormals (both signs)
     want = bfp.quantize(x, fmt, backend="reference").view(torch.int32)
