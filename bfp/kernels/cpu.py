@@ -146,7 +146,7 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
 
 
 def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
-           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats):
+           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, e0, e1, e2, e3, mx_ok):
     """One work item: the rows ``rows`` (flat offsets) of one tile along axes
     0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles: every
     tile's maximum, then every tile's constants (into ``colmax``, ``cq``), then
@@ -207,7 +207,6 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
         scaled = False
         if G3 == 1:  # a tile per column (MX blocks across rows): one loop, no inner runs
             c_inv, c_fac = cq[4], cq[5]
-            e0, e1, e2, e3 = _tile_consts(np.int64(0), KIND, 0, soff, qoff, lim, emin, man, maxkept, emaxq)
             nf = 0
             nout = 0
             for j in range(w):
@@ -215,12 +214,13 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                                               maxkept, emaxq)
                 nf += not _nearest_ok(KIND, c0, c1, c2, man)
                 c_q[j], c_p[j], c_hi[j], c_lo[j] = c0, c1, c2, c3
-                sj = ((c3 >> 23) - 127) - emin  # the column's scale exponent: lo = 2**(emin + s)
-                nout += (sj < -126) | (sj > 126)
-                c_inv[j] = (127 - sj) << 23  # float32 bits of 2**-s and 2**s (normal when |s| <= 126)
-                c_fac[j] = (127 + sj) << 23
+                if mx_ok:
+                    sj = ((c3 >> 23) - 127) - emin  # the column's scale exponent: lo = 2**(emin + s)
+                    nout += (sj < -126) | (sj > 126)
+                    c_inv[j] = (127 - sj) << 23  # float32 bits of 2**-s and 2**s (normal when |s| <= 126)
+                    c_fac[j] = (127 + sj) << 23
             fast = fast and nf == 0
-            scaled = fast and KIND == 0 and scale != 0 and nout == 0 and _nearest_ok(KIND, e0, e1, e2, man)
+            scaled = fast and mx_ok and nout == 0
         for a3 in range(0, w if G3 > 1 else 0, G3):
             b3 = min(a3 + G3, w)
             tmax = 0
@@ -285,6 +285,9 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
     n2 = (D2 + G2 - 1) // G2
     ns = (D3 + S3 - 1) // S3
     nwork = ((D0 + G0 - 1) // G0) * n1 * n2 * ns
+    # the element format's own constants, for MX tiles rounded as x * 2**-s (``_strip``)
+    e0, e1, e2, e3 = _tile_consts(np.int64(0), KIND, 0, soff, qoff, lim, emin, man, maxkept, emaxq)
+    mx_ok = MODE == 1 and KIND == 0 and scale != 0 and _nearest_ok(KIND, e0, e1, e2, man)
     nz = 0
     zc = 0
     for c in prange(nchunks):
@@ -307,7 +310,7 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
                         nr += 1
             a, b = strip(xb, ob, rows[:nr], ts * S3, min(ts * S3 + S3, D3), G3, colmax, cq,
                          scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                         inf_nan, k0, k1, stats)
+                         inf_nan, k0, k1, stats, e0, e1, e2, e3, mx_ok)
             lnz += a
             lzc += b
         nz += lnz
