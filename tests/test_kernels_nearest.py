@@ -1,4 +1,4 @@
-"""The CPU's float32 shortcut for nearest rounding (``bfp.kernels.cpu._elem_nearest``) against the
+"""The CPU's float32 shortcut for nearest rounding (``bfp.kernels.rule_cpu._elem_nearest``) against the
 integer element rule it replaces (``scalar._quant_elem``, mode 1), input by input.
 
 The inputs are every sign and float32 exponent field with, for each number of dropped bits, the
@@ -13,7 +13,7 @@ import pytest
 from numba import njit
 
 import bfp
-from bfp.kernels import cpu
+from bfp.kernels import rule_cpu
 from bfp.kernels.plan import rule_for
 
 
@@ -35,8 +35,8 @@ def _compare(xs, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan):
     bad = []
     for i in range(xs.size):
         xb = np.int64(xs[i])
-        a = cpu._elem(xb, kind, 1, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, 0)
-        b = cpu._elem_nearest(xb, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
+        a = rule_cpu._elem(xb, kind, 1, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan, 0)
+        b = rule_cpu._elem_nearest(xb, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
         if np.int32(a) != np.int32(b):
             bad.append(i)
     return bad
@@ -58,9 +58,9 @@ def test_float32_shortcut_equals_the_integer_rule(fmt):
     xs = _inputs()
     on_path = 0
     for tmax in TILE_MAXIMA if r.scale else [0]:
-        qt, p2q, hi, lo = cpu._tile_consts(tmax, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man,
+        qt, p2q, hi, lo = rule_cpu._tile_consts(tmax, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man,
                                            r.maxkept, r.emaxq)
-        if not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man):
+        if not rule_cpu._nearest_ok(r.kind, qt, p2q, hi, r.man):
             continue
         on_path += 1
         bad = _compare(xs, r.kind, qt, p2q, hi, lo, r.man, r.ftz, r.ovf_inf, r.inf_nan)
@@ -73,15 +73,15 @@ def test_wide_formats_keep_the_integer_rule(fmt):
     """A format whose largest binade is near float32's (``c`` would overflow) or with 23 mantissa
     bits (``c`` would not exceed its binade): the integer rule stays."""
     r = rule_for(bfp.format_from_name(fmt) if isinstance(fmt, str) else fmt)
-    qt, p2q, hi, _ = cpu._tile_consts(0, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
-    assert not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
+    qt, p2q, hi, _ = rule_cpu._tile_consts(0, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+    assert not rule_cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
 
 
 def test_no_mantissa_bits_keep_the_integer_rule():
     """One code per binade: ties go to the even exponent field, not the even multiple."""
     r = rule_for(bfp.P3109(8, 1))
-    qt, p2q, hi, _ = cpu._tile_consts(0, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
-    assert r.man == 0 and not cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
+    qt, p2q, hi, _ = rule_cpu._tile_consts(0, r.kind, r.scale, r.soff, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+    assert r.man == 0 and not rule_cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float6_e3m2fn", "fb16", "mxfp8_e4m3", "mxfp8_e4m3@0"])
@@ -96,8 +96,8 @@ def test_quantize_takes_the_shortcut_with_flush_to_zero_set(name):
         fmt = bfp.MX(fmt.element, fmt.block, int(name.partition("@")[2]))
     r = rule_for(fmt.element if "@" in name else fmt)
     if not r.scale:  # element-wise: the kernel's constants are on the shortcut (tiles: per tile)
-        qt, p2q, hi, _ = cpu._tile_consts(0, r.kind, 0, 0, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
-        assert cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
+        qt, p2q, hi, _ = rule_cpu._tile_consts(0, r.kind, 0, 0, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+        assert rule_cpu._nearest_ok(r.kind, qt, p2q, hi, r.man)
     x = torch.from_numpy(_inputs()).view(torch.float32).reshape(-1, 32)
     assert (x.view(torch.int32) & 0x7F800000 == 0).sum() >= 300  # float32 subnormals (both signs)
     want = bfp.quantize(x, fmt, backend="reference").view(torch.int32)
@@ -110,3 +110,67 @@ def test_quantize_takes_the_shortcut_with_flush_to_zero_set(name):
     if name == "float8_e4m3fn":
         y = torch.tensor([1e-40, -1e-39, 2.0 ** -10 * 1.0625, 3.0])
         assert bfp.quantize(y, fmt).tolist() == [0.0, -0.0, 2.0 ** -9, 3.0]
+
+@njit
+def _ufp_bad(lo_bits, hi_bits):
+    """Positive float32s in [lo_bits, hi_bits) whose ``_ufp`` is not their exponent field's power."""
+    bad = 0
+    for b in range(lo_bits, hi_bits):
+        a = np.int32(b).view(np.float32)
+        want = np.int32(b & 0x7F800000).view(np.float32)
+        bad += rule_cpu._ufp(a) != want
+    return bad
+
+
+@pytest.mark.parametrize("e", [-100, -99, -7, -1, 0, 1, 8, 15, 99])
+def test_ufp_is_the_leading_power_of_two_on_whole_binades(e):
+    """Rump's float32 ``ufp`` on every float32 of the binades ``_elem_scaled`` relies on (its
+    clamp range lies within 2**-100 .. 2**100)."""
+    lo_bits = (e + 127) << 23
+    assert _ufp_bad(lo_bits, lo_bits + (1 << 23)) == 0
+
+
+@njit
+def _compare_scaled(xs, s, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan):
+    """Indices where ``_elem_scaled`` (float32 lanes) differs from ``_elem_nearest`` of ``x * 2**-s``
+    times ``2**s`` (the integer-constant shortcut, itself equal to the integer rule)."""
+    lo, top, hi, c23, qnan, ok = rule_cpu.scaled_consts(e0, e1, e2, e3, man, inf_nan)
+    inv = np.int32((127 - s) << 23).view(np.float32)
+    fac = np.int32((127 + s) << 23).view(np.float32)
+    bad = []
+    for i in range(xs.size):
+        xj = xs[i]
+        x = np.int32(xj).view(np.float32)
+        if (xj & 0x7FFFFFFF) > 0x7F800000:
+            want = np.int32(xj)
+        else:
+            y = np.float32(x * inv)
+            qb = rule_cpu._elem_nearest(np.int64(y.view(np.int32)), 0, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan)
+            want = np.float32(np.int32(qb).view(np.float32) * fac).view(np.int32)
+        got = rule_cpu._elem_scaled(xj, inv, fac, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan)
+        if np.int32(got) != want:
+            bad.append(i)
+    return bad
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
+                                 bfp.Float(4, 3, overflow="inf"), bfp.Float(3, 2, subnormals=False)], ids=str)
+def test_float32_lanes_of_mx_elements_equal_the_integer_constants(fmt):
+    """``_elem_scaled`` (an MX element in float32 lanes) against ``_elem_nearest`` on ``x * 2**-s``,
+    every rounding decision of every float32 binade (both signs, Inf, NaN, subnormals), at block
+    scales from 2**-126 to 2**126."""
+    fmt = bfp.format_from_name(fmt) if isinstance(fmt, str) else fmt
+    r = rule_for(fmt)
+    e0, e1, e2, e3 = rule_cpu._tile_consts(0, r.kind, 0, 0, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+    assert rule_cpu.scaled_consts(e0, e1, e2, e3, r.man, r.inf_nan)[-1], f"{fmt}: not on the float32-lane path"
+    xs = _inputs()
+    for s in (-126, -40, -7, 0, 3, 60, 126):
+        bad = _compare_scaled(xs, s, e0, e1, e2, e3, r.man, r.ftz, r.ovf_inf, r.inf_nan)
+        assert not bad, f"{fmt} scale 2**{s}: {len(bad)} inputs differ, first {int(xs[bad[0]]) & 0xFFFFFFFF:#010x}"
+
+
+def test_p3109_elements_keep_the_integer_constants():
+    """P3109's one zero and unsigned codes are not in ``_elem_scaled``'s float steps."""
+    r = rule_for(bfp.P3109(8, 4))
+    e0, e1, e2, e3 = rule_cpu._tile_consts(0, r.kind, 0, 0, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
+    assert r.inf_nan >= 4 and not rule_cpu.scaled_consts(e0, e1, e2, e3, r.man, r.inf_nan)[-1]

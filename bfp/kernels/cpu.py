@@ -13,6 +13,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import sys
 import types
 from pathlib import Path
 
@@ -20,75 +21,19 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import scalar
-from .scalar import EXP_INF, MAG, build
+from . import rule_cpu, scalar
+from .rule_cpu import _elem, _elem_nearest, _elem_scaled, _nearest_ok, _rand32, _tile_consts, scaled_consts
+from .scalar import EXP_INF, MAG
 
-
-
-@njit(inline="always")
-def _flog2_subnormal(m):
-    # int -> float32 is exact below 2**24; its exponent field is floor(log2 m).
-    return ((np.float32(m).view(np.int32) >> 23) - 127) - 149
-
-
-_elem, _tile_consts, _rand32, _finish = build(njit(inline="always"), _flog2_subnormal)
-
-
-@njit(inline="always")
-def _nearest_ok(kind, qt, p2q, hi, man):
-    """Whether ``_elem_nearest`` gives the element rule's bits for these tile constants: the
-    constant ``c`` below is a normal float32 for every input, the grid (the format's LSB) is at
-    least 2**-125, so a float32 subnormal input (below half of it) rounds to 0 whether or not the
-    CPU treats subnormals as zero (DAZ/FTZ), and a format with no mantissa bits (one code per
-    binade, ties by the exponent field's parity) keeps the integer rule, as does one with 23
-    mantissa bits (``c`` must exceed every value of the binade, so ``man <= 22``)."""
-    if kind == 1:  # FIXED: c = 2**(q + 23) above every value that is not clamped to hi
-        return (qt >= -125) & (qt <= 103) & (hi < ((qt + 150) << 23))
-    return (man >= 1) & (man <= 22) & (qt - man >= -125) & ((hi & EXP_INF) + ((24 - man) << 23) < EXP_INF)
-
-
-@njit(inline="always")
-def _elem_nearest(xb, kind, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan):
-    """The element rule (``scalar._quant_elem``) for nearest rounding, where ``_nearest_ok``: the
-    magnitude ``a`` rounded to its LSB ``2**k`` as ``(a + c) - c`` in float32 with
-    ``c = 2**(k + 23)``, whose float32 ulp is ``2**k`` for every sum up to ``2 * c``: one IEEE
-    float32 rounding, ties to the even multiple, which is the even code (``man >= 1``); a carry is
-    the next binade, as in the integer rule. ``k`` is the fixed LSB of a BlockFloat tile, or for a
-    float the LSB of ``a``'s binade clamped to [the format's smallest normal, one above its
-    largest] (a value beyond that overflows either way). No variable shifts and no branches, so
-    the loops vectorise; the end (clamp or overflow, flush, sign, Inf and NaN) is the
-    rule's own ``_finish``. Equal to the integer rule on all 2**32 inputs of the formats in
-    tests/test_kernels_nearest.py."""
-    m = xb & MAG
-    if kind == 1:
-        cb = p2q + (23 << 23)
-    else:
-        cb = min(max(m & EXP_INF, lo), (hi & EXP_INF) + (1 << 23)) + ((23 - man) << 23)
-    c = np.int32(cb).view(np.float32)
-    rb = np.int64(np.float32((np.int32(m).view(np.float32) + c) - c).view(np.int32))
-    return _finish(xb, rb, kind, 1, hi, lo, ftz, ovf_inf, inf_nan)
-
-
-@njit(inline="always")
-def _elem_scaled(xj, inv, fac, kind, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan):
-    """An MX element as ``_elem_nearest`` of ``x * 2**-s`` with the element format's own constants,
-    times ``2**s`` (``inv``, ``fac``: their float32 bits); exact where ``_strip`` takes it. A NaN is
-    rounded as it is (a product would quiet a signaling NaN)."""
-    nan = (xj & np.int32(MAG)) > np.int32(EXP_INF)
-    y = np.int32(xj).view(np.float32) * np.int32(inv).view(np.float32)
-    qb = _elem_nearest(np.int64(xj) if nan else np.int64(np.float32(y).view(np.int32)), kind, e0, e1, e2, e3,
-                       man, ftz, ovf_inf, inf_nan)
-    qs = np.float32(np.int32(qb).view(np.float32) * np.int32(fac).view(np.float32))
-    return np.int32(qb) if nan else qs.view(np.int32)
 
 
 def _cache_dir() -> str:
     """Numba's on-disk cache folder for these kernels, named by a hash of this
     file and ``scalar.py``. Numba keys its cache on the kernel's own file only,
-    so an edit of the inlined element rule would otherwise be served stale;
+    so an edit of the inlined element rule (``rule_cpu.py``, ``scalar.py``) would otherwise be served stale;
     here any edit of either file starts a fresh folder. ``NUMBA_CACHE_DIR`` is
     the base when set."""
-    src = Path(__file__).read_bytes() + Path(scalar.__file__).read_bytes()
+    src = b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], rule_cpu, scalar))
     key = hashlib.sha1(src + numba.__version__.encode()).hexdigest()[:16]
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(Path.home(), ".cache", "bfpsim")
     return os.path.join(base, f"kernels-{key}")
@@ -146,7 +91,7 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
 
 
 def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emin, man,
-           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, e0, e1, e2, e3, mx_ok):
+           maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1, stats, f_lo, f_top, f_hi, f_c23, f_qnan, mx_ok):
     """One work item: the rows ``rows`` (flat offsets) of one tile along axes
     0-2, columns seg0:seg1 (whole tiles of G3) of axis 3. Long tiles: every
     tile's maximum, then every tile's constants (into ``colmax``, ``cq``), then
@@ -247,7 +192,8 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             xs = xb[rows[0] + seg0:rows[0] + seg0 + nr * w]
             os = ob[rows[0] + seg0:rows[0] + seg0 + nr * w]
             for k in range(nr * w):
-                os[k] = _elem_scaled(xs[k], c_inv[k], c_fac[k], KIND, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan)
+                os[k] = _elem_scaled(xs[k], np.int32(c_inv[k]).view(np.float32), np.int32(c_fac[k]).view(np.float32),
+                                     f_lo, f_top, f_hi, f_c23, f_qnan, ftz, ovf_inf, inf_nan)
             todo = rows[:0]  # done (the counts below read every row)
         for row in todo:
             base = row + seg0
@@ -255,8 +201,9 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             os = ob[base:base + w]
             if scaled:  # the element format's own rule on x * 2**-s, times 2**s (exact here)
                 for j in range(w):
-                    os[j] = _elem_scaled(xs[j], c_inv[j], c_fac[j], KIND, e0, e1, e2, e3, man, ftz, ovf_inf,
-                                         inf_nan)
+                    os[j] = _elem_scaled(xs[j], np.int32(c_inv[j]).view(np.float32),
+                                         np.int32(c_fac[j]).view(np.float32), f_lo, f_top, f_hi, f_c23, f_qnan,
+                                         ftz, ovf_inf, inf_nan)
                 continue
             if fast:
                 for j in range(w):
@@ -287,7 +234,8 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
     nwork = ((D0 + G0 - 1) // G0) * n1 * n2 * ns
     # the element format's own constants, for MX tiles rounded as x * 2**-s (``_strip``)
     e0, e1, e2, e3 = _tile_consts(np.int64(0), KIND, 0, soff, qoff, lim, emin, man, maxkept, emaxq)
-    mx_ok = MODE == 1 and KIND == 0 and scale != 0 and _nearest_ok(KIND, e0, e1, e2, man)
+    f_lo, f_top, f_hi, f_c23, f_qnan, f_ok = scaled_consts(e0, e1, e2, e3, man, inf_nan)
+    mx_ok = MODE == 1 and KIND == 0 and scale != 0 and f_ok
     nz = 0
     zc = 0
     for c in prange(nchunks):
@@ -310,7 +258,7 @@ def _tiled(xb, ob, D0, D1, D2, D3, G0, G1, G2, G3, S3, scale, soff, qoff, lim, e
                         nr += 1
             a, b = strip(xb, ob, rows[:nr], ts * S3, min(ts * S3 + S3, D3), G3, colmax, cq,
                          scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf,
-                         inf_nan, k0, k1, stats, e0, e1, e2, e3, mx_ok)
+                         inf_nan, k0, k1, stats, f_lo, f_top, f_hi, f_c23, f_qnan, mx_ok)
             lnz += a
             lzc += b
         nz += lnz

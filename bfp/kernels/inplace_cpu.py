@@ -10,7 +10,8 @@ import functools
 import numpy as np
 from numba import prange
 
-from .cpu import _elem, _elem_nearest, _kernel_cache, _nearest_ok, _rand32, _specialise, _tile_consts, threads_for
+from .cpu import _kernel_cache, _specialise, threads_for
+from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts
 from .scalar import EXP_INF, MAG
 
 

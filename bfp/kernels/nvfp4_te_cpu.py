@@ -7,7 +7,7 @@ order, so the bits are the same (tests/test_nvfp4_te.py). ``C == 1`` (blocks alo
 runs the row kernel, one block at a time; ``C > 1`` and 2-D tiles the column kernels, a block's
 rows at a time along the columns (as ``nvfp4_cpu``'s). The tensor's amax is the largest block maximum; ``S_enc`` and
 ``S_dec`` come from it by ``nvfp4_codes.te_scales``. Stochastic draws use an element's index with the
-block axis moved last (2-D tiles: as it is), as the reference does. E4M3 scales round by ``cpu._elem_nearest`` (on its
+block axis moved last (2-D tiles: as it is), as the reference does. E4M3 scales round by ``rule_cpu._elem_nearest`` (on its
 path, checked per call), nearest E2M1 elements by ``nvfp4_cpu._e2m1_nearest`` (float32 only). Imported, and compiled,
 on first use.
 """
@@ -20,7 +20,8 @@ import torch
 from numba import njit, prange
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
-from .cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts, specialise
+from .cpu import specialise
+from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts
 from .nvfp4_cpu import _col_item, _col_tasks, _consts, _e2m1_nearest
 from .nvfp4_codes import E2M1, E4M3, te_scales
 from .pages import advise
@@ -160,12 +161,12 @@ def _kernels(rounding_mode: int, blk):
 
 @functools.lru_cache(maxsize=None)
 def _on_path(fmt) -> np.ndarray:
-    """The rule constants of ``fmt``, which must be on ``cpu._elem_nearest``'s path (checked once
+    """The rule constants of ``fmt``, which must be on ``rule_cpu._elem_nearest``'s path (checked once
     per format; the array is shared, read only)."""
     c = _consts(fmt)
     t = _tile_consts(0, 0, 0, 0, 0, 0, *c[:4])
     if not _nearest_ok(0, t[0], t[1], t[2], int(c[1])):
-        raise AssertionError(f"{fmt!r} is not on cpu._elem_nearest's path")  # fixed formats: never
+        raise AssertionError(f"{fmt!r} is not on rule_cpu._elem_nearest's path")  # fixed formats: never
     return c
 
 

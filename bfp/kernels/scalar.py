@@ -5,7 +5,7 @@ or ``numba.cuda.jit(device=True)`` (CUDA), so both fast paths run literally the
 same code. All arithmetic is on float32 *bit patterns* held in int64: no
 float rounding happens anywhere, which is what makes the result exact and
 identical across backends. ``reference.py`` spells the same rule in PyTorch.
-(The CPU's nearest rounding may take ``cpu._elem_nearest``, one float32 add and
+(The CPU's nearest rounding may take ``rule_cpu._elem_nearest``, one float32 add and
 subtract proven equal to this rule where it applies, ending in ``_finish``.)
 
 Notation: ``m`` is the magnitude bits of a finite float32 (``bits & 0x7fffffff``),
@@ -163,7 +163,7 @@ def _finish(xb, rb, kind, mode, hi, lo, ftz, ovf_inf, inf_nan):
     """The rule's end, after the magnitude bits ``m = xb & MAG`` were rounded to ``rb`` (as if the
     format's exponent range had no top): the clamp or overflow at ``hi``, flush below ``lo``, the
     sign, Inf and NaN inputs, and the special-value switches. Shared by the integer rounding above
-    and the CPU's float32 shortcut for nearest rounding (``cpu._elem_nearest``)."""
+    and the CPU's float32 shortcut for nearest rounding (``rule_cpu._elem_nearest``)."""
     m = xb & 0x7FFFFFFF
     if kind == 1:
         rb = min(rb, hi)

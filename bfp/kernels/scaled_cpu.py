@@ -13,7 +13,8 @@ import torch
 from numba import njit, prange
 
 from ..formats import Float
-from .cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts, specialise
+from .cpu import specialise
+from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts
 from .pages import advise
 from .plan import MODE, rule_for
 from .scalar import EXP_INF, MAG
@@ -40,7 +41,7 @@ mode = 0  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.
 
 def _scaled(xf, oi, scale, top, c, k0, k1):
     c0, c1, c2, c3 = _tile_consts(0, 0, 0, 0, 0, 0, c[0], c[1], c[2], c[3])
-    fast = mode == 1 and _nearest_ok(0, c0, c1, c2, c[1])  # cpu._elem_nearest: the same bits
+    fast = mode == 1 and _nearest_ok(0, c0, c1, c2, c[1])  # rule_cpu._elem_nearest: the same bits
     for s in prange((xf.size + STEP - 1) // STEP):
         j0 = s * STEP
         fs, os = xf[j0:min(xf.size, j0 + STEP)], oi[j0:min(xf.size, j0 + STEP)]  # indices >= 0: vectorises
