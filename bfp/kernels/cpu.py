@@ -22,7 +22,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import rule_cpu, scalar
-from .rule_cpu import _elem, _elem_nearest, _elem_scaled, _nearest_ok, _rand32, _tile_consts, scaled_consts
+from .rule_cpu import (_elem, _elem_f, _elem_nearest, _elem_scaled, _fixed_f, _nearest_ok, _rand32, _tile_consts,
+                       scaled_consts)
 from .scalar import EXP_INF, MAG
 
 
@@ -71,7 +72,16 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
                  stats):
     """Element-wise formats (tiles of one element): one flat parallel loop."""
     qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
-    if MODE == 1 and _nearest_ok(KIND, qt, p2q, hi, man):
+    f_lo, f_top, f_hi, f_c23, f_qnan, f_ok = scaled_consts(qt, p2q, hi, lo, man, inf_nan)
+    near = MODE == 1 and _nearest_ok(KIND, qt, p2q, hi, man)
+    if near and KIND == 1 and inf_nan < 4:  # float32 lanes (rule_cpu): fixed point, then float
+        c = np.int32(p2q + (23 << 23)).view(np.float32)
+        for i in prange(xb.size):
+            ob[i] = _fixed_f(xb[i], c, f_hi, f_qnan, inf_nan)
+    elif near and KIND == 0 and f_ok:
+        for i in prange(xb.size):
+            ob[i] = _elem_f(xb[i], f_lo, f_top, f_hi, f_c23, f_qnan, ftz, ovf_inf, inf_nan)
+    elif near:
         for i in prange(xb.size):
             ob[i] = _elem_nearest(np.int64(xb[i]), KIND, qt, p2q, hi, lo, man, ftz, ovf_inf, inf_nan)
     else:
@@ -119,18 +129,36 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                     tmax = max(tmax, m if m < np.int32(EXP_INF) else np.int32(0))
             colmax[t] = tmax
         nf = 0
+        nout = 0
         for t in range(nt):
             c0, c1, c2, c3 = _tile_consts(np.int64(colmax[t]), KIND, scale, soff, qoff, lim, emin, man,
                                           maxkept, emaxq)
             nf += not _nearest_ok(KIND, c0, c1, c2, man)
             cq[0, t], cq[1, t], cq[2, t], cq[3, t] = c0, c1, c2, c3
+            if mx_ok:  # 2**-s, 2**s of the tile (see the column path below)
+                st = ((c3 >> 23) - 127) - emin
+                nout += (st < -126) | (st > 126)
+                cq[4, t], cq[5, t] = (127 - st) << 23, (127 + st) << 23
+            elif KIND == 1:  # float32 bits of c = 2**(q + 23)
+                cq[4, t] = c1 + (23 << 23)
+        lanes = MODE == 1 and nf == 0 and ((KIND == 1 and inf_nan < 4) or (mx_ok and nout == 0))
         for t in range(nt):
             a3 = seg0 + t * G3
             n3 = min(G3, seg1 - a3)
             c0, c1, c2, c3 = cq[0, t], cq[1, t], cq[2, t], cq[3, t]
+            f4, f5 = np.int32(cq[4, t]).view(np.float32), np.int32(cq[5, t]).view(np.float32)
             for row in rows:
                 xs = xb[row + a3:row + a3 + n3]
                 os = ob[row + a3:row + a3 + n3]
+                if lanes and KIND == 1:  # float32 lanes (rule_cpu)
+                    for j in range(n3):
+                        os[j] = _fixed_f(xs[j], f4, np.int32(c2).view(np.float32), f_qnan, inf_nan)
+                    continue
+                if lanes:
+                    for j in range(n3):
+                        os[j] = _elem_scaled(xs[j], f4, f5, f_lo, f_top, f_hi, f_c23, f_qnan, ftz, ovf_inf,
+                                             inf_nan)
+                    continue
                 if MODE == 1 and nf == 0:
                     for j in range(n3):
                         os[j] = _elem_nearest(np.int64(xs[j]), KIND, c0, c1, c2, c3, man, ftz, ovf_inf,
@@ -164,6 +192,8 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                     nout += (sj < -126) | (sj > 126)
                     c_inv[j] = (127 - sj) << 23  # float32 bits of 2**-s and 2**s (normal when |s| <= 126)
                     c_fac[j] = (127 + sj) << 23
+                elif KIND == 1:
+                    c_inv[j] = c1 + (23 << 23)  # float32 bits of c = 2**(q + 23) (float32 lanes)
             fast = fast and nf == 0
             scaled = fast and mx_ok and nout == 0
         for a3 in range(0, w if G3 > 1 else 0, G3):
@@ -178,6 +208,8 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             c_p[a3:b3] = c1
             c_hi[a3:b3] = c2
             c_lo[a3:b3] = c3
+            if KIND == 1:
+                cq[4, a3:b3] = c1 + (23 << 23)
         nr = rows.size
         todo = rows
         if scaled and w < 16 and rows[nr - 1] - rows[0] == (nr - 1) * w:
@@ -204,6 +236,11 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                     os[j] = _elem_scaled(xs[j], np.int32(c_inv[j]).view(np.float32),
                                          np.int32(c_fac[j]).view(np.float32), f_lo, f_top, f_hi, f_c23, f_qnan,
                                          ftz, ovf_inf, inf_nan)
+                continue
+            if fast and KIND == 1 and inf_nan < 4:  # float32 lanes (rule_cpu)
+                for j in range(w):
+                    os[j] = _fixed_f(xs[j], np.int32(cq[4, j]).view(np.float32), np.int32(c_hi[j]).view(np.float32),
+                                     f_qnan, inf_nan)
                 continue
             if fast:
                 for j in range(w):

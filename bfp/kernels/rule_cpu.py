@@ -91,20 +91,22 @@ def scaled_consts(e0, e1, e2, e3, man, inf_nan):
 
 
 @njit(inline="always")
-def _elem_scaled(xj, inv, fac, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan):
-    """An MX element (a float format, nearest rounding) of a block with scale ``2**s``: the element
-    format's own rule on ``y = x * 2**-s``, times ``2**s`` (``inv``, ``fac``: float32 ``2**-s``,
-    ``2**s``; ``lo``, ``top``, ``hi``, ``c23``, ``qnan``: ``scaled_consts``), in float32 lanes:
-    ``a = |y|`` rounds to ``(a + c) - c`` with ``c = _ufp(clamp(a, lo, top)) * 2**(23 - man)``, the
-    power of two ``_elem_nearest`` builds from the exponent bits; then ``_finish``'s steps in
-    floats: above ``hi`` saturate (``ovf_inf`` 0), Inf (1) or NaN (2); under ``lo`` flush when
-    ``ftz``; ``y``'s sign; an Inf input Inf, NaN (``inf_nan & 1``) or the signed largest value
-    (``& 2``). The integer rule's bits wherever ``scaled_consts`` says ok (the multiplications by
-    ``2**-s`` and ``2**s`` are exact where ``cpu._strip`` takes this path;
-    tests/test_kernels_nearest.py compares it with ``_elem_nearest`` input by input). A NaN input
-    is returned as it is (a product would quiet a signaling NaN)."""
-    x = np.int32(xj).view(np.float32)
-    y = x * inv
+def _special_f(r, y, a, hi, qnan, inf_nan):
+    """``_finish``'s last steps in floats: ``y``'s sign on the rounded magnitude ``r``, then an Inf
+    input stays Inf, becomes NaN (``inf_nan & 1``) or the signed largest value (``& 2``)."""
+    r = np.copysign(r, y)
+    if a == np.float32(np.inf):
+        r = qnan if inf_nan & 1 else (np.copysign(hi, y) if inf_nan & 2 else y)
+    return r
+
+
+@njit(inline="always")
+def _round_f(y, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan):
+    """A float format's nearest rounding of the float32 ``y`` (not a NaN) in float32 lanes (constants:
+    ``scaled_consts``): ``a = |y|`` rounds to ``(a + c) - c`` with ``c = _ufp(clamp(a, lo, top)) *
+    2**(23 - man)``, the power of two ``_elem_nearest`` builds from the exponent bits; then
+    ``_finish``'s steps as float compares and selects: above ``hi`` saturate (``ovf_inf`` 0), Inf (1)
+    or NaN (2); under ``lo`` flush when ``ftz``; the sign and Inf inputs (``_special_f``)."""
     a = np.abs(y)
     c = _ufp(min(max(a, lo), top)) * c23
     r = (a + c) - c
@@ -112,8 +114,40 @@ def _elem_scaled(xj, inv, fac, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan):
         r = hi if ovf_inf == 0 else (np.float32(np.inf) if ovf_inf == 1 else qnan)
     if ftz and r < lo:
         r = np.float32(0.0)
-    r = np.copysign(r, y)
-    if a == np.float32(np.inf):
-        r = qnan if inf_nan & 1 else (np.copysign(hi, y) if inf_nan & 2 else y)
+    return _special_f(r, y, a, hi, qnan, inf_nan)
+
+
+@njit(inline="always")
+def _elem_f(xj, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan):
+    """An element-wise float format's nearest rounding of the float32 bits ``xj`` in float32 lanes
+    (``_round_f``); a NaN input is returned as it is. The integer rule's bits where
+    ``scaled_consts`` says ok."""
+    x = np.int32(xj).view(np.float32)
+    r = _round_f(x, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan)
+    return xj if x != x else np.float32(r).view(np.int32)
+
+
+@njit(inline="always")
+def _elem_scaled(xj, inv, fac, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan):
+    """An MX element (a float format, nearest rounding) of a block with scale ``2**s``: the element
+    format's own rule (``_round_f``) on ``y = x * 2**-s``, times ``2**s`` (``inv``, ``fac``: float32
+    ``2**-s``, ``2**s``). The integer rule's bits wherever ``scaled_consts`` says ok (the
+    multiplications by ``2**-s`` and ``2**s`` are exact where ``cpu._strip`` takes this path;
+    tests/test_kernels_nearest.py compares it with ``_elem_nearest`` input by input). A NaN input
+    is returned as it is (a product would quiet a signaling NaN)."""
+    x = np.int32(xj).view(np.float32)
+    r = _round_f(x * inv, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan)
     q = np.float32(r * fac)
     return xj if x != x else q.view(np.int32)
+
+
+@njit(inline="always")
+def _fixed_f(xj, c, hi, qnan, inf_nan):
+    """A fixed-point tile's nearest rounding (BlockFloat, MX int) in float32 lanes: ``(a + c) - c``
+    with ``c = 2**(q + 23)`` (float32 bits ``p2q + (23 << 23)``), clamped at ``hi`` (float32 of the
+    tile's largest value), then the sign and Inf inputs (``_special_f``); a NaN input is returned as
+    it is. The integer rule's bits where ``_nearest_ok`` (kind FIXED) holds and ``inf_nan < 4``."""
+    x = np.int32(xj).view(np.float32)
+    a = np.abs(x)
+    r = _special_f(min((a + c) - c, hi), x, a, hi, qnan, inf_nan)
+    return xj if x != x else np.float32(r).view(np.int32)
