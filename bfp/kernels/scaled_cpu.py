@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from ..formats import Float
 from .cpu import specialise
-from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts
+from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _round_f, _tile_consts, scaled_consts
 from .pages import advise
 from .plan import MODE, rule_for
 from .scalar import EXP_INF, MAG
@@ -42,9 +42,16 @@ mode = 0  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.
 def _scaled(xf, oi, scale, top, c, k0, k1):
     c0, c1, c2, c3 = _tile_consts(0, 0, 0, 0, 0, 0, c[0], c[1], c[2], c[3])
     fast = mode == 1 and _nearest_ok(0, c0, c1, c2, c[1])  # rule_cpu._elem_nearest: the same bits
+    f_lo, f_top, f_hi, f_c23, f_qnan, f_ok = scaled_consts(c0, c1, c2, c3, c[1], c[6])
     for s in prange((xf.size + STEP - 1) // STEP):
         j0 = s * STEP
         fs, os = xf[j0:min(xf.size, j0 + STEP)], oi[j0:min(xf.size, j0 + STEP)]  # indices >= 0: vectorises
+        if fast and f_ok:  # float32 lanes (rule_cpu._round_f): the same bits; a NaN stays as the product
+            for k in range(fs.size):
+                v = fs[k] * scale
+                r = _round_f(min(max(v, -top), top), f_lo, f_top, f_hi, f_c23, f_qnan, c[4], c[5], c[6])
+                os[k] = np.float32((v if v != v else r) / scale).view(np.int32)
+            continue
         if fast:
             for k in range(fs.size):
                 v = fs[k] * scale
