@@ -156,24 +156,27 @@ def _compare_scaled(xs, s, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan):
 
 
 @njit
-def _compare_fixed(xs, qt, p2q, hi, lo, inf_nan):
-    """Indices where ``_fixed_f`` (float32 lanes) differs from ``_elem_nearest`` of a fixed-point tile."""
+def _compare_fixed(xs, qt, p2q, hi, lo, inf_nan, mode):
+    """Indices where ``_fixed_f`` (float32 lanes) differs from the integer rule of a fixed-point tile
+    (``mode`` 1: nearest, 0: truncation)."""
     c = np.int32(p2q + (23 << 23)).view(np.float32)
+    u = np.int32(p2q).view(np.float32)
     fhi = np.int32(hi).view(np.float32)
     qnan = np.int32(0x7FC00000).view(np.float32)
     bad = []
     for i in range(xs.size):
-        want = rule_cpu._elem_nearest(np.int64(xs[i]), 1, qt, p2q, hi, lo, 0, False, 0, inf_nan)
-        if np.int32(rule_cpu._fixed_f(xs[i], c, fhi, qnan, inf_nan)) != np.int32(want):
+        want = rule_cpu._elem(np.int64(xs[i]), 1, mode, qt, p2q, hi, lo, 0, False, 0, inf_nan, 0)
+        if np.int32(rule_cpu._fixed_f(xs[i], c, u, fhi, qnan, inf_nan, mode == 0)) != np.int32(want):
             bad.append(i)
     return bad
 
 
 @pytest.mark.parametrize("fmt", ["fb12", "fb16", "fb24", "mxint8", bfp.MX("int8", block=32, scale_mode="rceil")],
                          ids=str)
-def test_float32_lanes_of_fixed_point_tiles_equal_the_integer_constants(fmt):
-    """``_fixed_f`` (BlockFloat and MX int tiles in float32 lanes) against ``_elem_nearest`` on every
-    rounding decision of every float32 binade, at the tile maxima of the shortcut's test above."""
+def test_float32_lanes_of_fixed_point_tiles_equal_the_integer_rule(fmt):
+    """``_fixed_f`` (BlockFloat and MX int tiles in float32 lanes) against the integer rule, nearest
+    and truncating, on every rounding decision of every float32 binade, at the tile maxima of the
+    shortcut's test above."""
     fmt = bfp.format_from_name(fmt) if isinstance(fmt, str) else fmt
     r = rule_for(fmt)
     assert r.kind == 1 and r.inf_nan < 4
@@ -185,14 +188,16 @@ def test_float32_lanes_of_fixed_point_tiles_equal_the_integer_constants(fmt):
         if not rule_cpu._nearest_ok(1, qt, p2q, hi, r.man):
             continue
         on_path += 1
-        bad = _compare_fixed(xs, qt, p2q, hi, lo, r.inf_nan)
-        assert not bad, f"{fmt} tile max {tmax:#x}: {len(bad)} differ, first {int(xs[bad[0]]) & 0xFFFFFFFF:#010x}"
+        for mode in (0, 1):
+            bad = _compare_fixed(xs, qt, p2q, hi, lo, r.inf_nan, mode)
+            assert not bad, (f"{fmt} mode {mode} tile max {tmax:#x}: {len(bad)} differ, "
+                             f"first {int(xs[bad[0]]) & 0xFFFFFFFF:#010x}")
     assert on_path >= 3
 
 
 @pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn",
-                                 "float16", bfp.Float(4, 3, overflow="inf"), bfp.Float(3, 2, subnormals=False)],
-                         ids=str)
+                                 "float16", bfp.Float(4, 3, overflow="inf"), bfp.Float(3, 2, subnormals=False)]
+                         + P3109[:5], ids=str)
 def test_float32_lanes_of_mx_elements_equal_the_integer_constants(fmt):
     """``_elem_scaled`` (an MX element in float32 lanes) against ``_elem_nearest`` on ``x * 2**-s``,
     every rounding decision of every float32 binade (both signs, Inf, NaN, subnormals), at block
@@ -205,10 +210,3 @@ def test_float32_lanes_of_mx_elements_equal_the_integer_constants(fmt):
     for s in (-126, -40, -7, 0, 3, 60, 126):
         bad = _compare_scaled(xs, s, e0, e1, e2, e3, r.man, r.ftz, r.ovf_inf, r.inf_nan)
         assert not bad, f"{fmt} scale 2**{s}: {len(bad)} inputs differ, first {int(xs[bad[0]]) & 0xFFFFFFFF:#010x}"
-
-
-def test_p3109_elements_keep_the_integer_constants():
-    """P3109's one zero and unsigned codes are not in ``_elem_scaled``'s float steps."""
-    r = rule_for(bfp.P3109(8, 4))
-    e0, e1, e2, e3 = rule_cpu._tile_consts(0, r.kind, 0, 0, r.qoff, r.lim, r.emin, r.man, r.maxkept, r.emaxq)
-    assert r.inf_nan >= 4 and not rule_cpu.scaled_consts(e0, e1, e2, e3, r.man, r.inf_nan)[-1]

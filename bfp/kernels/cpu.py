@@ -73,11 +73,12 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
     """Element-wise formats (tiles of one element): one flat parallel loop."""
     qt, p2q, hi, lo = _tile_consts(0, KIND, 0, 0, qoff, lim, emin, man, maxkept, emaxq)
     f_lo, f_top, f_hi, f_c23, f_qnan, f_ok = scaled_consts(qt, p2q, hi, lo, man, inf_nan)
-    near = MODE == 1 and _nearest_ok(KIND, qt, p2q, hi, man)
-    if near and KIND == 1 and inf_nan < 4:  # float32 lanes (rule_cpu): fixed point, then float
-        c = np.int32(p2q + (23 << 23)).view(np.float32)
+    ok = _nearest_ok(KIND, qt, p2q, hi, man)
+    near = MODE == 1 and ok
+    if ok and MODE <= 1 and KIND == 1 and inf_nan < 4:  # float32 lanes (rule_cpu): fixed point, then float
+        c, u = np.int32(p2q + (23 << 23)).view(np.float32), np.int32(p2q).view(np.float32)
         for i in prange(xb.size):
-            ob[i] = _fixed_f(xb[i], c, f_hi, f_qnan, inf_nan)
+            ob[i] = _fixed_f(xb[i], c, u, f_hi, f_qnan, inf_nan, MODE == 0)
     elif near and KIND == 0 and f_ok:
         for i in prange(xb.size):
             ob[i] = _elem_f(xb[i], f_lo, f_top, f_hi, f_c23, f_qnan, ftz, ovf_inf, inf_nan)
@@ -141,7 +142,7 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                 cq[4, t], cq[5, t] = (127 - st) << 23, (127 + st) << 23
             elif KIND == 1:  # float32 bits of c = 2**(q + 23)
                 cq[4, t] = c1 + (23 << 23)
-        lanes = MODE == 1 and nf == 0 and ((KIND == 1 and inf_nan < 4) or (mx_ok and nout == 0))
+        lanes = nf == 0 and ((MODE <= 1 and KIND == 1 and inf_nan < 4) or (mx_ok and nout == 0))
         for t in range(nt):
             a3 = seg0 + t * G3
             n3 = min(G3, seg1 - a3)
@@ -152,7 +153,8 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                 os = ob[row + a3:row + a3 + n3]
                 if lanes and KIND == 1:  # float32 lanes (rule_cpu)
                     for j in range(n3):
-                        os[j] = _fixed_f(xs[j], f4, np.int32(c2).view(np.float32), f_qnan, inf_nan)
+                        os[j] = _fixed_f(xs[j], f4, np.int32(c1).view(np.float32), np.int32(c2).view(np.float32),
+                                         f_qnan, inf_nan, MODE == 0)
                     continue
                 if lanes:
                     for j in range(n3):
@@ -171,7 +173,7 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
     else:  # short tiles: column maxima over the rows, constants spread over columns
         colmax[:w] = 0
         c_q, c_p, c_hi, c_lo = cq[0], cq[1], cq[2], cq[3]
-        fast = MODE == 1
+        allok = True  # every tile of the strip on the float32 shortcuts (rule_cpu._nearest_ok)
         for row in rows:
             xs = xb[row + seg0:row + seg1]  # slices: indices provably >= 0, so loops vectorise
             for j in range(w):
@@ -194,8 +196,8 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                     c_fac[j] = (127 + sj) << 23
                 elif KIND == 1:
                     c_inv[j] = c1 + (23 << 23)  # float32 bits of c = 2**(q + 23) (float32 lanes)
-            fast = fast and nf == 0
-            scaled = fast and mx_ok and nout == 0
+            allok = nf == 0
+            scaled = allok and mx_ok and nout == 0
         for a3 in range(0, w if G3 > 1 else 0, G3):
             b3 = min(a3 + G3, w)
             tmax = 0
@@ -203,13 +205,15 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                 tmax = max(tmax, colmax[j])
             c0, c1, c2, c3 = _tile_consts(tmax, KIND, scale, soff, qoff, lim, emin, man,
                                           maxkept, emaxq)
-            fast = fast and _nearest_ok(KIND, c0, c1, c2, man)
+            allok = allok and _nearest_ok(KIND, c0, c1, c2, man)
             c_q[a3:b3] = c0
             c_p[a3:b3] = c1
             c_hi[a3:b3] = c2
             c_lo[a3:b3] = c3
             if KIND == 1:
                 cq[4, a3:b3] = c1 + (23 << 23)
+        fast = MODE == 1 and allok
+        fixed = MODE <= 1 and KIND == 1 and inf_nan < 4 and allok
         nr = rows.size
         todo = rows
         if scaled and w < 16 and rows[nr - 1] - rows[0] == (nr - 1) * w:
@@ -237,10 +241,10 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                                          np.int32(c_fac[j]).view(np.float32), f_lo, f_top, f_hi, f_c23, f_qnan,
                                          ftz, ovf_inf, inf_nan)
                 continue
-            if fast and KIND == 1 and inf_nan < 4:  # float32 lanes (rule_cpu)
+            if fixed:  # float32 lanes (rule_cpu)
                 for j in range(w):
-                    os[j] = _fixed_f(xs[j], np.int32(cq[4, j]).view(np.float32), np.int32(c_hi[j]).view(np.float32),
-                                     f_qnan, inf_nan)
+                    os[j] = _fixed_f(xs[j], np.int32(cq[4, j]).view(np.float32), np.int32(c_p[j]).view(np.float32),
+                                     np.int32(c_hi[j]).view(np.float32), f_qnan, inf_nan, MODE == 0)
                 continue
             if fast:
                 for j in range(w):

@@ -81,10 +81,9 @@ def scaled_consts(e0, e1, e2, e3, man, inf_nan):
     (``_tile_consts`` at scale 0): ``(lo, top, hi, c23, qnan, ok)``: its smallest normal
     ``2**emin``, one binade above its largest finite value, the largest finite value, ``2**(23 -
     man)``, the quiet NaN, and whether ``_elem_scaled`` gives the integer rule's bits (the nearest
-    shortcut applies, ``_ufp`` is exact on ``[lo, top]`` (within ``2**-100 .. 2**100``) and the
-    format is not one of P3109's one-zero or unsigned ones, ``inf_nan < 4``)."""
+    shortcut applies and ``_ufp`` is exact on ``[lo, top]``, within ``2**-100 .. 2**100``)."""
     ebits = (e2 & EXP_INF) + (1 << 23)
-    ok = (_nearest_ok(0, e0, e1, e2, man) & (inf_nan < 4) & (ebits <= ((127 + 100) << 23))
+    ok = (_nearest_ok(0, e0, e1, e2, man) & (ebits <= ((127 + 100) << 23))
           & (e3 >= ((127 - 100) << 23)))
     return (np.int32(e3).view(np.float32), np.int32(ebits).view(np.float32), np.int32(e2).view(np.float32),
             np.int32((127 + 23 - man) << 23).view(np.float32), np.int32(QNAN).view(np.float32), ok)
@@ -93,10 +92,20 @@ def scaled_consts(e0, e1, e2, e3, man, inf_nan):
 @njit(inline="always")
 def _special_f(r, y, a, hi, qnan, inf_nan):
     """``_finish``'s last steps in floats: ``y``'s sign on the rounded magnitude ``r``, then an Inf
-    input stays Inf, becomes NaN (``inf_nan & 1``) or the signed largest value (``& 2``)."""
+    input stays Inf, becomes NaN (``inf_nan & 1``) or the signed largest value (``& 2``); P3109's
+    switches (``inf_nan >= 4``): a zero result is +0, and a negative input with a non-NaN result
+    becomes +0 (``& 16``) or NaN (``& 8``)."""
     r = np.copysign(r, y)
     if a == np.float32(np.inf):
         r = qnan if inf_nan & 1 else (np.copysign(hi, y) if inf_nan & 2 else y)
+    if inf_nan >= 4:
+        if r == np.float32(0.0):
+            r = np.float32(0.0)
+        elif (y < np.float32(0.0)) & (r == r):
+            if inf_nan & 16:
+                r = np.float32(0.0)
+            elif inf_nan & 8:
+                r = qnan
     return r
 
 
@@ -142,12 +151,18 @@ def _elem_scaled(xj, inv, fac, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan):
 
 
 @njit(inline="always")
-def _fixed_f(xj, c, hi, qnan, inf_nan):
-    """A fixed-point tile's nearest rounding (BlockFloat, MX int) in float32 lanes: ``(a + c) - c``
-    with ``c = 2**(q + 23)`` (float32 bits ``p2q + (23 << 23)``), clamped at ``hi`` (float32 of the
-    tile's largest value), then the sign and Inf inputs (``_special_f``); a NaN input is returned as
-    it is. The integer rule's bits where ``_nearest_ok`` (kind FIXED) holds and ``inf_nan < 4``."""
+def _fixed_f(xj, c, u, hi, qnan, inf_nan, trunc):
+    """A fixed-point tile's nearest rounding or truncation (BlockFloat, MX int) in float32 lanes:
+    ``t = (a + c) - c`` with ``c = 2**(q + 23)`` (float32 bits ``p2q + (23 << 23)``) is ``a``
+    rounded to the grid ``u = 2**q`` (every sum lies in ``[c, 2c)``, whose ulp is ``u``, or is
+    clamped anyway); truncation (``trunc``) steps back one ``u`` where that went up (exact: a
+    multiple of ``u`` under ``2**23 u``); then the clamp at ``hi`` (float32 of the tile's largest
+    value), the sign and Inf inputs (``_special_f``); a NaN input is returned as it is. The
+    integer rule's bits where ``_nearest_ok`` (kind FIXED) holds and ``inf_nan < 4``."""
     x = np.int32(xj).view(np.float32)
     a = np.abs(x)
-    r = _special_f(min((a + c) - c, hi), x, a, hi, qnan, inf_nan)
+    t = (a + c) - c
+    if trunc and t > a:
+        t = t - u
+    r = _special_f(min(t, hi), x, a, hi, qnan, inf_nan)
     return xj if x != x else np.float32(r).view(np.int32)
