@@ -8,7 +8,9 @@
 One training step (forward, backward, SGD update) of a CIFAR-size model on
 random 32x32 inputs, FP32 and each network config in turn, timed in rounds that
 visit every variant once (so machine noise hits all alike); each variant keeps
-its own copy of the model. The ratio is of median step times. Targets
+its own copy of the model. The ratio is of median step times; "paired" is the median
+of each round's own ratio, "CPU time" the ratio of median process CPU times (both
+steadier when other processes share the cores). Targets
 (REFERENCE.md): BFP training <= 1.3x FP32 on a CPU, <= 1.2x on a GPU; QPyTorch
 measured 2.02x (8-bit BFP) and 2.34x (e4m3) on the CPU.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 
 import torch
 
@@ -72,7 +75,11 @@ def main(argv=None) -> int:
             fns[f"{cfg} measured"] = diagnosed(variants[cfg], sgd_step(variants[cfg], x, y))
     # Two warm-up rounds: kernel compilation, the allocator.
     t = alternate(fns, args.steps, warmup=2, sync=sync)
-    rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median("fp32")}
+    rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median("fp32"),
+             # steadier on a shared machine: each round's own ratio, and process CPU time (time
+             # another process takes from this one's threads is not counted)
+             "paired_ratio": statistics.median(t.pair_ratios(k, "fp32")),
+             "cpu_ratio": statistics.median(t.cpu[k]) / statistics.median(t.cpu["fp32"])}
             for k in fns]
     for cfg in args.configs if args.diagnose else ():
         per_step = t.median(f"{cfg} measured") / t.median(cfg)
@@ -82,8 +89,9 @@ def main(argv=None) -> int:
                      "ratio_to_config": 1 + (per_step - 1) / args.diagnose, "measured_step_ratio": per_step})
     print(f"{args.model} batch {args.batch} on {dev}, {torch.get_num_threads()} torch threads, "
           f"median of {args.steps} rounds")
-    print_table([("variant", "s"), ("step ms", ".1f"), ("x fp32", ".2f")],
-                [(r["variant"], r["step_ms"], r["ratio_to_fp32"]) for r in rows])
+    print_table([("variant", "s"), ("step ms", ".1f"), ("x fp32", ".2f"), ("paired", ".2f"), ("CPU time", ".2f")],
+                [(r["variant"], r["step_ms"], r["ratio_to_fp32"], r.get("paired_ratio", float("nan")),
+                  r.get("cpu_ratio", float("nan"))) for r in rows])
     meta = machine(model=args.model, batch=args.batch, device=str(dev), steps=args.steps,
                    threads=torch.get_num_threads())
     emit_json({"meta": meta, "results": rows}, args.json)
