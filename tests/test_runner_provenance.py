@@ -165,3 +165,16 @@ def test_the_report_says_when_a_table_is_incomplete_quick_or_not_one_commit(tmp_
     two = {"fp32": one, "fb24": dict(rec, row="fb24", git_commit="b" * 40, citable=True)}
     page = report.render("cifar10-table", two, matrix.ROWS, tmp_path / "R.md", tmp_path / "img").read_text()
     assert "**Not one commit**: the results come from 2 source state(s)" in page
+
+
+def test_the_report_says_when_rows_come_from_different_machines(tmp_path):
+    """One commit on two hosts trains to other digits (float32 kernels sum in a CPU-dependent
+    order): the page names both machines; one machine says nothing."""
+    rec = results.read_result(Path(__file__).resolve().parents[1] / "results" / "cifar10-table" / "fp32.json")
+    one = dict(rec, git_commit="a" * 40, citable=True)
+    other = dict(one, row="fb24", machine=dict(rec["machine"], platform="Linux-other-host"))
+    assert report.machines({"fp32": one, "fb24": dict(one, row="fb24")}) is None
+    page = report.render("cifar10-table", {"fp32": one, "fb24": other}, matrix.ROWS, tmp_path / "R.md",
+                         tmp_path / "img").read_text()
+    assert "**Not one machine**: the results come from 2 machines" in page
+    assert "Linux-other-host, torch" in page and f"{rec['machine']['platform']}, torch" in page

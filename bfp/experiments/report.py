@@ -153,6 +153,23 @@ def provenance(res: dict[str, dict]) -> tuple[Optional[str], str]:
                   f"another commit are rerun by `python -m bfp.experiments rerun-stale`.")
 
 
+def machines(res: dict[str, dict]) -> Optional[str]:
+    """A sentence when the results come from more than one machine (platform and library versions),
+    else None: torch's float32 kernels sum in an order that depends on the CPU, so the same clean
+    commit trains to other digits on another host (FP32 70.36% and 70.28% from one command)."""
+    hosts: dict[str, int] = {}
+    for d in res.values():
+        m, v = d.get("machine") or {}, d.get("versions") or {}
+        h = f"{m.get('cpu')}, {m.get('platform')}, torch {v.get('torch')}"
+        hosts[h] = hosts.get(h, 0) + 1
+    if len(hosts) < 2:
+        return None
+    listed = "; ".join(f"{h} ({n})" for h, n in sorted(hosts.items(), key=lambda kv: -kv[1]))
+    return (f"**Not one machine**: the results come from {len(hosts)} machines: {listed}. Float32 kernels "
+            f"sum in a CPU-dependent order, so rows from different machines differ by more than their code "
+            f"does; a rerun on one machine compares them.")
+
+
 def _script(res: dict[str, dict], rows) -> str:
     cmd = next((d["command"] for d in res.values() if d.get("command")), None)
     return Path(cmd[0]).name if cmd else "cifar.py"
@@ -184,6 +201,9 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"yet: {', '.join(missing)}. Verdicts that need those rows say so.", ""]
     commit, said = provenance(res) if res else (None, "No results yet.")
     lines += [said, ""]
+    hosts = machines(res)
+    if hosts:
+        lines += [hosts, ""]
     if any_doc:
         m, v = any_doc["machine"], any_doc["versions"]
         lines += ["## Setup", "", f"{any_doc['setup']}.", "",
