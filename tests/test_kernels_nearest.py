@@ -148,9 +148,9 @@ def _compare_scaled(xs, s, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan):
             qb = rule_cpu._elem_nearest(np.int64(y.view(np.int32)), 0, e0, e1, e2, e3, man, ftz, ovf_inf, inf_nan)
             want = np.float32(np.int32(qb).view(np.float32) * fac).view(np.int32)
         got = rule_cpu._elem_scaled(xj, inv, fac, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan)
-        if s == 0:  # element-wise: no scaling at all
-            got |= np.int32(got != rule_cpu._elem_f(xj, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan)) << 30
-        if np.int32(got) != want:
+        # element-wise (no scaling at all): _elem_f must give the same bits too
+        plain = rule_cpu._elem_f(xj, lo, top, hi, c23, qnan, ftz, ovf_inf, inf_nan) if s == 0 else got
+        if np.int32(got) != want or np.int32(plain) != want:
             bad.append(i)
     return bad
 

@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from . import rule_cpu, scalar
 from .rule_cpu import (_elem, _elem_f, _elem_nearest, _elem_scaled, _fixed_f, _nearest_ok, _rand32, _tile_consts,
-                       scaled_consts)
+                       fixed_c, scale_pair, scaled_consts)
 from .scalar import EXP_INF, MAG
 
 
@@ -76,7 +76,7 @@ def _elementwise(xb, ob, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf
     ok = _nearest_ok(KIND, qt, p2q, hi, man)
     near = MODE == 1 and ok
     if ok and MODE <= 1 and KIND == 1 and inf_nan < 4:  # float32 lanes (rule_cpu): fixed point, then float
-        c, u = np.int32(p2q + (23 << 23)).view(np.float32), np.int32(p2q).view(np.float32)
+        c, u = np.int32(fixed_c(p2q)).view(np.float32), np.int32(p2q).view(np.float32)
         for i in prange(xb.size):
             ob[i] = _fixed_f(xb[i], c, u, f_hi, f_qnan, inf_nan, MODE == 0)
     elif near and KIND == 0 and f_ok:
@@ -137,24 +137,23 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             nf += not _nearest_ok(KIND, c0, c1, c2, man)
             cq[0, t], cq[1, t], cq[2, t], cq[3, t] = c0, c1, c2, c3
             if mx_ok:  # 2**-s, 2**s of the tile (see the column path below)
-                st = ((c3 >> 23) - 127) - emin
-                nout += (st < -126) | (st > 126)
-                cq[4, t], cq[5, t] = (127 - st) << 23, (127 + st) << 23
-            elif KIND == 1:  # float32 bits of c = 2**(q + 23)
-                cq[4, t] = c1 + (23 << 23)
+                cq[4, t], cq[5, t], out = scale_pair(c3, emin)
+                nout += out
+            elif KIND == 1:
+                cq[4, t] = fixed_c(c1)
         lanes = nf == 0 and ((MODE <= 1 and KIND == 1 and inf_nan < 4) or (mx_ok and nout == 0))
         for t in range(nt):
             a3 = seg0 + t * G3
             n3 = min(G3, seg1 - a3)
             c0, c1, c2, c3 = cq[0, t], cq[1, t], cq[2, t], cq[3, t]
             f4, f5 = np.int32(cq[4, t]).view(np.float32), np.int32(cq[5, t]).view(np.float32)
+            fu, fh = np.int32(c1).view(np.float32), np.int32(c2).view(np.float32)
             for row in rows:
                 xs = xb[row + a3:row + a3 + n3]
                 os = ob[row + a3:row + a3 + n3]
                 if lanes and KIND == 1:  # float32 lanes (rule_cpu)
                     for j in range(n3):
-                        os[j] = _fixed_f(xs[j], f4, np.int32(c1).view(np.float32), np.int32(c2).view(np.float32),
-                                         f_qnan, inf_nan, MODE == 0)
+                        os[j] = _fixed_f(xs[j], f4, fu, fh, f_qnan, inf_nan, MODE == 0)
                     continue
                 if lanes:
                     for j in range(n3):
@@ -189,13 +188,11 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
                                               maxkept, emaxq)
                 nf += not _nearest_ok(KIND, c0, c1, c2, man)
                 c_q[j], c_p[j], c_hi[j], c_lo[j] = c0, c1, c2, c3
-                if mx_ok:
-                    sj = ((c3 >> 23) - 127) - emin  # the column's scale exponent: lo = 2**(emin + s)
-                    nout += (sj < -126) | (sj > 126)
-                    c_inv[j] = (127 - sj) << 23  # float32 bits of 2**-s and 2**s (normal when |s| <= 126)
-                    c_fac[j] = (127 + sj) << 23
+                if mx_ok:  # float32 bits of the column's 2**-s and 2**s
+                    c_inv[j], c_fac[j], out = scale_pair(c3, emin)
+                    nout += out
                 elif KIND == 1:
-                    c_inv[j] = c1 + (23 << 23)  # float32 bits of c = 2**(q + 23) (float32 lanes)
+                    c_inv[j] = fixed_c(c1)  # float32 lanes (rule_cpu._fixed_f)
             allok = nf == 0
             scaled = allok and mx_ok and nout == 0
         for a3 in range(0, w if G3 > 1 else 0, G3):
@@ -211,7 +208,7 @@ def _strip(xb, ob, rows, seg0, seg1, G3, colmax, cq, scale, soff, qoff, lim, emi
             c_hi[a3:b3] = c2
             c_lo[a3:b3] = c3
             if KIND == 1:
-                cq[4, a3:b3] = c1 + (23 << 23)
+                cq[4, a3:b3] = fixed_c(c1)
         fast = MODE == 1 and allok
         fixed = MODE <= 1 and KIND == 1 and inf_nan < 4 and allok
         nr = rows.size

@@ -90,6 +90,21 @@ def scaled_consts(e0, e1, e2, e3, man, inf_nan):
 
 
 @njit(inline="always")
+def scale_pair(lo_bits, emin):
+    """An MX tile's scale ``2**s`` from its ``lo`` constant (``_tile_consts``: ``2**(emin + s)``):
+    ``(float32 bits of 2**-s, of 2**s, whether |s| > 126)`` (outside that the two are not normal
+    floats and ``_elem_scaled`` does not apply)."""
+    s = ((lo_bits >> 23) - 127) - emin
+    return (127 - s) << 23, (127 + s) << 23, (s < -126) | (s > 126)
+
+
+@njit(inline="always")
+def fixed_c(p2q):
+    """float32 bits of ``c = 2**(q + 23)`` from a fixed-point tile's ``p2q`` (bits of ``2**q``)."""
+    return p2q + (23 << 23)
+
+
+@njit(inline="always")
 def _special_f(r, y, a, hi, qnan, inf_nan):
     """``_finish``'s last steps in floats: ``y``'s sign on the rounded magnitude ``r``, then an Inf
     input stays Inf, becomes NaN (``inf_nan & 1``) or the signed largest value (``& 2``); P3109's
