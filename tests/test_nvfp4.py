@@ -207,7 +207,23 @@ def test_nvfp4_cpu_column_kernels_equal_the_reference_without_a_copy(axis, round
     assert_same_bits(cpu, ref)
 
 
-@pytest.mark.parametrize("shape,axis", [((40, 37, 3, 3), 1), ((33, 50), -1), ((3, 20, 18), 2)])
+@pytest.mark.parametrize("shape,axis", [((37, 50, 3), 1), ((70, 15), 0), ((4, 33, 2, 5), 1)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_cpu_column_kernels_with_few_columns(shape, axis, rounding):
+    """Fewer than ``nvfp4_cpu.FLAT`` columns after the block axis: the column kernels run along
+    a block's rows as one contiguous run; tail blocks, NaN/Inf, the reference's draws."""
+    from bfp.kernels import nvfp4_cpu
+    assert 1 < int(np.prod(shape[axis + 1:])) < nvfp4_cpu.FLAT
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-8, 8, shape, generator=g).float())
+    x.view(-1)[4], x.view(-1)[60] = float("nan"), float("-inf")
+    fmt = NVFP4(axis=axis, rounding=rounding)
+    ref = quantize(x, fmt, generator=torch.Generator().manual_seed(5), backend="reference")
+    cpu = quantize(x, fmt, generator=torch.Generator().manual_seed(5), backend="cpu")
+    assert_same_bits(cpu, ref)
+
+
+@pytest.mark.parametrize("shape,axis", [((40, 37, 3, 3), 1), ((33, 50), -1), ((3, 20, 18), 2), ((20, 40, 16), 1)])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_nvfp4_2d_blocks_cpu_kernels_equal_the_reference(shape, axis, rounding):
     """16x16 tiles over (axis - 1, axis) with tails on both, trailing axes (a conv weight's

@@ -152,7 +152,8 @@ def test_the_per_block_row_path_equals_the_per_element_tile_path(shape):
 @pytest.mark.parametrize("shape,axis,block", [((20, 24, 3, 3), 0, 16), ((20, 24, 3, 3), 1, 16),
                                               ((20, 24, 3, 3), 3, 16), ((7, 33, 5), 1, 16), ((40, 3), 0, 16),
                                               ((2, 17, 2048), 1, 16), ((40, 20, 3, 3), 1, (16, 16)),
-                                              ((33, 40), 1, (16, 16)), ((3, 20, 18, 5), 2, (16, 16))], ids=str)
+                                              ((33, 40), 1, (16, 16)), ((3, 20, 18, 5), 2, (16, 16)),
+                                              ((20, 24, 16), 1, 16), ((20, 24, 15), 1, (16, 16))], ids=str)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_the_cpu_kernels_keep_the_layout_on_every_axis(shape, axis, block, rounding):
     """Blocks along an axis that is not the last (a convolution's input channels and batch, the

@@ -13,7 +13,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import sys
 import types
 from pathlib import Path
 
@@ -21,7 +20,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import rule_cpu, scalar
 from .rule_cpu import (_elem, _elem_f, _elem_nearest, _elem_scaled, _fixed_f, _nearest_ok, _rand32, _tile_consts,
                        fixed_c, scale_pair, scaled_consts)
 from .scalar import EXP_INF, MAG
@@ -29,12 +27,12 @@ from .scalar import EXP_INF, MAG
 
 
 def _cache_dir() -> str:
-    """Numba's on-disk cache folder for these kernels, named by a hash of this
-    file and ``scalar.py``. Numba keys its cache on the kernel's own file only,
-    so an edit of the inlined element rule (``rule_cpu.py``, ``scalar.py``) would otherwise be served stale;
-    here any edit of either file starts a fresh folder. ``NUMBA_CACHE_DIR`` is
-    the base when set."""
-    src = b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], rule_cpu, scalar))
+    """Numba's on-disk cache folder for these kernels, named by a hash of every module of this
+    package. Numba keys its cache on the kernel's own file only, so an edit of an inlined helper
+    in another module (the element rule in ``rule_cpu.py`` and ``scalar.py``, ``nvfp4_cpu``'s E2M1
+    rounding inlined by ``nvfp4_te_cpu``) would otherwise be served stale; here any edit of a
+    kernel module starts a fresh folder. ``NUMBA_CACHE_DIR`` is the base when set."""
+    src = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
     key = hashlib.sha1(src + numba.__version__.encode()).hexdigest()[:16]
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(Path.home(), ".cache", "bfpsim")
     return os.path.join(base, f"kernels-{key}")

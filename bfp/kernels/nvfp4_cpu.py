@@ -7,15 +7,18 @@ from which the tensor scale comes), then the scales and elements block by block.
 ``C == 1`` (blocks along the last axis) runs the *row* kernels, one block of contiguous
 elements at a time; ``C > 1`` the *column* kernels, which take 16 rows at a time and run
 along the columns, so a block axis that is not the last (the weight-gradient operands along
-their rows, a convolution's batch axis) needs no transposing copy. Stochastic rounding
+their rows, a convolution's batch axis) needs no transposing copy; with fewer than ``FLAT``
+columns (a 3x3 convolution's weight in 16x16 tiles: 9; a Linear weight's: 1) a block's rows
+are one contiguous run, and the loops run along it instead. Stochastic rounding
 draws each element's number by its index in the tensor with the block axis moved last,
 as the reference does, so both kernels give the same bits.
 
 For nearest rounding the E4M3 scale's mantissa is cut with one integer add and E2M1 is
 rounded by adding and subtracting ``2**22``, ``2**23`` or ``2**24`` (whose float32 ulp is
 E2M1's step there: one float32 rounding, ties to the even multiple, the even code), so
-the element loop has no integer rule and vectorises; stochastic rounding uses the shared
-integer element rule of ``scalar.py``.
+the element loop has no integer rule and vectorises. Stochastic rounding takes the same
+float32 steps with the integer rule's decision written in float32 (``_e2m1_stochastic``).
+NVFP4 has no truncation.
 """
 from __future__ import annotations
 
@@ -26,15 +29,17 @@ import torch
 from numba import njit, prange
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
-from .cpu import _elem, _rand32, _tile_consts, specialise
-from .nvfp4_codes import CHUNK, E2M1, tensor_scale
+from .cpu import specialise
+from .rule_cpu import _rand32
+from .nvfp4_codes import CHUNK, tensor_scale
 from .pages import advise
-from .plan import MODE, rule_for
+from .plan import MODE
 from .scalar import EXP_INF, MAG, QNAN
 
 _MAG, _INF, _SIGN, _QNAN = np.int32(MAG), np.int32(EXP_INF), np.int32(-2 ** 31), np.int32(QNAN)
 _SIX, _LO, _HI = np.float32(E2M1_MAX), np.float32(E4M3_TINY), np.float32(E4M3_MAX)
 COLS = 2048  # columns per step of the column kernels' parallel loops
+FLAT = 16  # fewer columns: the column kernels run along a block's rows as one contiguous run
 
 
 @njit(inline="always")
@@ -69,6 +74,31 @@ def _e2m1_nearest(v):
     return np.int32(np.float32(r).view(np.int32) | (np.float32(v).view(np.int32) & _SIGN)).view(np.float32)
 
 
+_ONE, _TWO24M1, _INV256 = np.float32(1.0), np.float32(16777215.0), np.float32(1.0 / 256.0)
+
+
+@njit(inline="always")
+def _e2m1_stochastic(v, r):
+    """``v`` (float32, ``|v| <= 6``, finite) rounded to E2M1 stochastically with the element's
+    32-bit random number ``r``, sign kept: the integer rule's decision (``scalar._quant_elem``,
+    mode 2: up iff ``F + r >= 2**32``, ``F`` the dropped part ``frac(|v| / u) * 2**32`` of the
+    step ``u``, cut to an integer where it has bits below 1) in float32 lanes. With ``r = 256 h + l``
+    and ``g = F / 256`` that is ``g >= K - l / 256``, ``K = 2**24 - h``: ``floor(g) >= K``, or
+    ``floor(g) == K - 1`` and ``frac(g) >= 1 - l / 256``; every quantity is exact in float32
+    (``|v| / u`` scales by a power of two, ``g`` has ``|v|``'s 24 bits, ``h < 2**24``)."""
+    a = abs(v)
+    iu = np.float32(2.0) if a < np.float32(2.0) else (_ONE if a < np.float32(4.0) else np.float32(0.5))
+    t = a * iu  # |v| / u, exact
+    n = np.floor(t)
+    g = (t - n) * np.float32(16777216.0)
+    gi = np.floor(g)
+    k1 = _TWO24M1 - np.float32(np.int32(r >> 8))  # K - 1
+    w = _ONE - np.float32(np.int32(r & 255)) * _INV256
+    up = (gi > k1) | ((gi == k1) & (g - gi >= w))
+    q = (n + (_ONE if up else np.float32(0.0))) / iu
+    return np.int32(np.float32(q).view(np.int32) | (np.float32(v).view(np.int32) & _SIGN)).view(np.float32)
+
+
 @njit(inline="always")
 def _nearest_out(xb, x, ts):
     """Output bits of one element, nearest rounding; Inf becomes NaN, NaN stays as it is."""
@@ -78,14 +108,11 @@ def _nearest_out(xb, x, ts):
 
 
 @njit(inline="always")
-def _rule_out(xb, x, ts, mode, c2, e2, r):
-    """Output bits of one element by the shared integer element rule (any mode)."""
-    fin = (xb & _MAG) < _INF
+def _stochastic_out(xb, x, ts, r):
+    """Output bits of one element, stochastic rounding with ``r``; Inf becomes NaN, NaN stays."""
     v = min(max(x / ts, -_SIX), _SIX)
-    vb = np.int64(np.float32(v).view(np.int32)) if fin else np.int64(xb)
-    qb = _elem(vb, 0, mode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
-    o = np.float32(np.int32(qb).view(np.float32) * ts).view(np.int32)
-    return o if fin else np.int32(qb)
+    o = np.float32(_e2m1_stochastic(v, r) * ts).view(np.int32)
+    return o if (xb & _MAG) < _INF else (_QNAN if (xb & _MAG) == _INF else xb)
 
 
 # Compile-time constants of each specialised kernel (bfp.kernels.cpu.specialise): the rounding
@@ -106,25 +133,26 @@ def _row_max(xi, bmax, rows, n):
             bmax[t] = top
 
 
-def _row_quantize(xi, xf, oi, bmax, rows, n, pts, e2, k0, k1):
-    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+def _row_quantize(xi, xf, oi, bmax, rows, n, pts, k0, k1):
     nb = (n + block - 1) // block
     for s in prange((rows * nb + CHUNK - 1) // CHUNK):
         for t in range(s * CHUNK, min(rows * nb, s * CHUNK + CHUNK)):
             ts = _block_scale(bmax[t], pts)
             a = (t // nb) * n + (t % nb) * block
-            if mode == 1 and n % block == 0:  # a fixed trip count: vectorises
+            if n % block == 0:  # a fixed trip count: vectorises
                 a = t * block
                 xs, fs, os = xi[a:a + block], xf[a:a + block], oi[a:a + block]
                 for k in range(block):
-                    os[k] = _nearest_out(xs[k], fs[k], ts)
+                    if mode == 1:
+                        os[k] = _nearest_out(xs[k], fs[k], ts)
+                    else:
+                        os[k] = _stochastic_out(xs[k], fs[k], ts, _rand32(k0, k1, np.int64(a + k)))
                 continue
             for j in range(a, min(a + block, (t // nb) * n + n)):
                 if mode == 1:
                     oi[j] = _nearest_out(xi[j], xf[j], ts)
                 else:
-                    r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
-                    oi[j] = _rule_out(xi[j], xf[j], ts, mode, c2, e2, r)
+                    oi[j] = _stochastic_out(xi[j], xf[j], ts, _rand32(k0, k1, np.int64(j)))
 
 
 @njit(inline="always")
@@ -152,10 +180,23 @@ def _col_max(xi, bmax, A, R0, R, C):
     nb0 = (R0 + b0 - 1) // b0
     for s in prange(A * nb0 * nrr * ncc):
         a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
+        run = np.empty(b1 * C if C < FLAT else 0, np.int32)
         for rb in range(rr * per, min(nb, rr * per + per)):
             out = (a0 * nb + rb) * C
             bm = bmax[out + c0:out + c1]  # slices: indices provably >= 0, so the loops vectorise
             bm[:] = 0
+            if C < FLAT:  # few columns: a block's rows are one contiguous run of n elements
+                n = (min(R, rb * b1 + b1) - rb * b1) * C
+                tmp = run[:n]
+                tmp[:] = 0
+                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                    start = ((a * R0 + r0) * R + rb * b1) * C
+                    xs = xi[start:start + n]
+                    for j in range(n):
+                        tmp[j] = max(tmp[j], _finite_mag(xs[j]))
+                for j in range(n):
+                    bm[j % C] = max(bm[j % C], tmp[j])
+                continue
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
                     row = ((a * R0 + r0) * R + r) * C
@@ -164,18 +205,35 @@ def _col_max(xi, bmax, A, R0, R, C):
                         bm[c] = max(bm[c], _finite_mag(xs[c]))
 
 
-def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
-    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, k0, k1):
     nb, ncc, per, nrr = _col_tasks(R, C, b1)
     nb0 = (R0 + b0 - 1) // b0
     for s in prange(A * nb0 * nrr * ncc):
         a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
         ts = np.empty(c1 - c0, np.float32)
         w = c1 - c0
+        m = b1 * C if C < FLAT else 0
+        tse, kofs = np.empty(m, np.float32), np.empty(m, np.int64)
+        for j in range(m):  # the run's element j: column j % C, row j // C of the block
+            kofs[j] = (j % C) * R + j // C
         for rb in range(rr * per, min(nb, rr * per + per)):
             bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
             for c in range(w):
                 ts[c] = _block_scale(bm[c], pts)
+            if C < FLAT:  # few columns: a block's rows are one contiguous run of n elements
+                n = (min(R, rb * b1 + b1) - rb * b1) * C
+                for j in range(n):
+                    tse[j] = ts[j % C]
+                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                    start = ((a * R0 + r0) * R + rb * b1) * C
+                    xs, fs, os = xi[start:start + n], xf[start:start + n], oi[start:start + n]
+                    for j in range(n):
+                        if mode == 1:
+                            os[j] = _nearest_out(xs[j], fs[j], tse[j])
+                        else:  # as below: 1-D (a, c, r) with r = rb * b1 + j // C; 2-D as it is
+                            k = start + j if two_d else a * C * R + rb * b1 + kofs[j]
+                            os[j] = _stochastic_out(xs[j], fs[j], tse[j], _rand32(k0, k1, np.int64(k)))
+                continue
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
                     row = ((a * R0 + r0) * R + r) * C + c0
@@ -185,8 +243,7 @@ def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, e2, k0, k1):
                             os[c] = _nearest_out(xs[c], fs[c], ts[c])
                         else:  # 1-D: the index with the block axis moved last; 2-D: as it is
                             k = row + c if two_d else (a * C + c0 + c) * R + r
-                            r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                            os[c] = _rule_out(xs[c], fs[c], ts[c], mode, c2, e2, r32)
+                            os[c] = _stochastic_out(xs[c], fs[c], ts[c], _rand32(k0, k1, np.int64(k)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -200,11 +257,6 @@ def kernels(rounding_mode: int, blk):
     tag = f"mode{rounding_mode}_b{r0}x{r1}{'_2d' if tile else ''}"
     return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_{tag}", True, **bound)
                  for t in (_row_max, _row_quantize, _col_max, _col_quantize))
-
-
-def _consts(fmt_float) -> np.ndarray:
-    r = rule_for(fmt_float)
-    return np.array([r.emin, r.man, r.maxkept, r.emaxq, r.ftz, r.ovf_inf, r.inf_nan], np.int64)
 
 
 def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
@@ -233,7 +285,7 @@ def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
     out = torch.empty_like(x)
     advise(out)  # huge pages for the untouched output (pages.py)
     args = (xb, x.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), bmax)
-    tail = (tensor_scale(top, fmt), _consts(E2M1[fmt.rounding]), keys[0], keys[1])
+    tail = (tensor_scale(top, fmt), keys[0], keys[1])
     if rows:
         row_quantize(*args, A, R, *tail)
     else:

@@ -18,12 +18,12 @@ import torch
 from numba import prange
 
 from ..formats.nvfp4 import NVFP4
-from .cpu import _rand32, _tile_consts, specialise
+from .cpu import _rand32, specialise
 from .dispatch import nvfp4_keys
 from .hadamard_cpu import load_transformed, work_items
 from .nvfp4 import quantize as nvfp4_reference
-from .nvfp4_codes import E2M1, tensor_scale
-from .nvfp4_cpu import COLS, _block_scale, _consts, _finite_mag, _nearest_out, _rule_out
+from .nvfp4_codes import tensor_scale
+from .nvfp4_cpu import COLS, _block_scale, _finite_mag, _nearest_out, _stochastic_out
 from .pages import advise
 from .plan import MODE
 
@@ -48,8 +48,7 @@ def _block_max(x, factor, bmax, A, Rin, nb, C, b):
                 bmax[out + c] = top
 
 
-def _block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, e2, k0, k1):
-    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+def _block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, k0, k1):
     ncc, per, nrr = work_items(nb, C, COLS)
     R = nb * b
     for s in prange(A * nrr * ncc):
@@ -72,8 +71,7 @@ def _block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, e2, k0, k1):
                         oi[row + c] = _nearest_out(vb, v, ts[c])
                     else:  # the index with the block axis (rows) moved last, as nvfp4_cpu
                         k = (a * C + c0 + c) * R + r
-                        r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                        oi[row + c] = _rule_out(vb, v, ts[c], mode, c2, e2, r32)
+                        oi[row + c] = _stochastic_out(vb, v, ts[c], _rand32(k0, k1, np.int64(k)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,7 +101,7 @@ def quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, keys):
     out = torch.empty(*t.shape[:-2], nb * b, C, dtype=torch.float32)
     advise(out)
     block_quantize(x, f, out.view(torch.int32).numpy().reshape(-1), bmax, A, Rin, nb, C, b,
-                   tensor_scale(top, fmt), _consts(E2M1[fmt.rounding]), keys[0], keys[1])
+                   tensor_scale(top, fmt), keys[0], keys[1])
     return out
 
 

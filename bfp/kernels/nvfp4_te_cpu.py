@@ -5,10 +5,11 @@ a tile over ``R0`` and ``R``). Per block its largest magnitude (NaN takes no par
 its E4M3 scale and its elements, each step the float32 operation of the PyTorch code, in the same
 order, so the bits are the same (tests/test_nvfp4_te.py). ``C == 1`` (blocks along the last axis)
 runs the row kernel, one block at a time; ``C > 1`` and 2-D tiles the column kernels, a block's
-rows at a time along the columns (as ``nvfp4_cpu``'s). The tensor's amax is the largest block maximum; ``S_enc`` and
+rows at a time along the columns, or along a block's rows as one run where there are few columns
+(as ``nvfp4_cpu``'s). The tensor's amax is the largest block maximum; ``S_enc`` and
 ``S_dec`` come from it by ``nvfp4_codes.te_scales``. Stochastic draws use an element's index with the
 block axis moved last (2-D tiles: as it is), as the reference does. E4M3 scales round by ``rule_cpu._elem_nearest`` (on its
-path, checked per call), nearest E2M1 elements by ``nvfp4_cpu._e2m1_nearest`` (float32 only). Imported, and compiled,
+path, checked per call), E2M1 elements by ``nvfp4_cpu._e2m1_nearest`` and ``_e2m1_stochastic`` (float32 only). Imported, and compiled,
 on first use.
 """
 from __future__ import annotations
@@ -21,11 +22,11 @@ from numba import njit, prange
 
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
 from .cpu import specialise
-from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts
-from .nvfp4_cpu import _col_item, _col_tasks, _consts, _e2m1_nearest
-from .nvfp4_codes import E2M1, E4M3, te_scales
+from .rule_cpu import _elem_nearest, _nearest_ok, _rand32, _tile_consts
+from .nvfp4_cpu import FLAT, _col_item, _col_tasks, _e2m1_nearest, _e2m1_stochastic
+from .nvfp4_codes import E4M3, te_scales
 from .pages import advise
-from .plan import MODE
+from .plan import MODE, rule_for
 from .scalar import EXP_INF, MAG
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
@@ -62,17 +63,14 @@ def _consts4(e4):
 
 
 @njit(inline="always")
-def _out(xb, x, sb8, enc, s_dec, rmode, c2, e2, r):
+def _out(xb, x, sb8, enc, s_dec, rmode, r):
     """Output bits of one element: ``e2m1(clamp(x * enc, +-6)) * sb8 * S_dec`` (``rmode``: the
-    kernel's compile-time rounding mode, passed in: an inlined helper sees this module's globals);
-    NaN stays NaN."""
+    kernel's compile-time rounding mode, passed in: an inlined helper sees this module's globals),
+    in float32 only (nvfp4_cpu's E2M1 roundings: the rule's bits for ``|v| <= 6``); NaN stays NaN."""
     nan = (xb & _MAG) > _INF
     v = min(max(x * enc, -_SIX), _SIX)
-    if rmode == 1:  # float32 only (nvfp4_cpu's E2M1 rounding, the rule's bits for |v| <= 6)
-        return xb if nan else np.float32(_e2m1_nearest(v) * sb8 * s_dec).view(np.int32)
-    vb = np.int64(xb) if nan else np.int64(np.float32(v).view(np.int32))
-    qb = _elem(vb, 0, rmode, c2[0], c2[1], c2[2], c2[3], e2[1], e2[4], e2[5], e2[6], r)
-    return np.int32(qb) if nan else np.float32(np.int32(qb).view(np.float32) * sb8 * s_dec).view(np.int32)
+    q = _e2m1_nearest(v) if rmode == 1 else _e2m1_stochastic(v, r)
+    return xb if nan else np.float32(q * sb8 * s_dec).view(np.int32)
 
 
 @njit(parallel=True, cache=True)
@@ -88,8 +86,7 @@ def amax_bits(xi):
     return parts.max() if parts.size else np.int32(0)
 
 
-def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
-    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, k0, k1):
     c4 = _consts4(e4)
     nb = (n + block - 1) // block
     for t in prange(rows * nb):
@@ -102,7 +99,7 @@ def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, e2, k0, k1):
         sb8, enc = _scale(top, mult, s_dec, e4, c4)
         for k in range(xs.size):
             r = _rand32(k0, k1, np.int64(a + k)) if mode == 2 else 0
-            os[k] = _out(xs[k], fs[k], sb8, enc, s_dec, mode, c2, e2, r)
+            os[k] = _out(xs[k], fs[k], sb8, enc, s_dec, mode, r)
 
 
 def _te_col_max(xi, bmax, A, R0, R, C):
@@ -112,9 +109,22 @@ def _te_col_max(xi, bmax, A, R0, R, C):
     nb0 = (R0 + b0 - 1) // b0
     for s in prange(A * nb0 * nrr * ncc):
         a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
+        run = np.empty(b1 * C if C < FLAT else 0, np.int32)
         for rb in range(rr * per, min(nb, rr * per + per)):
             bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
             bm[:] = 0
+            if C < FLAT:  # few columns: a block's rows are one contiguous run (as nvfp4_cpu's)
+                n = (min(R, rb * b1 + b1) - rb * b1) * C
+                tmp = run[:n]
+                tmp[:] = 0
+                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                    start = ((a * R0 + r0) * R + rb * b1) * C
+                    xs = xi[start:start + n]
+                    for j in range(n):
+                        tmp[j] = max(tmp[j], _mag(xs[j]))
+                for j in range(n):
+                    bm[j % C] = max(bm[j % C], tmp[j])
+                continue
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
                     row = ((a * R0 + r0) * R + r) * C
@@ -123,8 +133,7 @@ def _te_col_max(xi, bmax, A, R0, R, C):
                         bm[c] = max(bm[c], _mag(xs[c]))
 
 
-def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, e2, k0, k1):
-    c2 = _tile_consts(0, 0, 0, 0, 0, 0, e2[0], e2[1], e2[2], e2[3])
+def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, k0, k1):
     c4 = _consts4(e4)
     nb, ncc, per, nrr = _col_tasks(R, C, b1)
     nb0 = (R0 + b0 - 1) // b0
@@ -133,10 +142,26 @@ def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, e2, k0, k1):
         w = c1 - c0
         sc = np.empty(w, np.float32)
         en = np.empty(w, np.float32)
+        m = b1 * C if C < FLAT else 0
+        sce, ene, kofs = np.empty(m, np.float32), np.empty(m, np.float32), np.empty(m, np.int64)
+        for j in range(m):  # the run's element j: column j % C, row j // C of the block
+            kofs[j] = (j % C) * R + j // C
         for rb in range(rr * per, min(nb, rr * per + per)):
             bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
             for c in range(w):
                 sc[c], en[c] = _scale(bm[c], mult, s_dec, e4, c4)
+            if C < FLAT:  # few columns: a block's rows are one contiguous run (as nvfp4_cpu's)
+                n = (min(R, rb * b1 + b1) - rb * b1) * C
+                for j in range(n):
+                    sce[j], ene[j] = sc[j % C], en[j % C]
+                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
+                    start = ((a * R0 + r0) * R + rb * b1) * C
+                    xs, fs, os = xi[start:start + n], xf[start:start + n], oi[start:start + n]
+                    for j in range(n):
+                        k = start + j if two_d else a * C * R + rb * b1 + kofs[j]
+                        r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
+                        os[j] = _out(xs[j], fs[j], sce[j], ene[j], s_dec, mode, r32)
+                continue
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
                     row = ((a * R0 + r0) * R + r) * C + c0
@@ -145,7 +170,7 @@ def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, e2, k0, k1):
                         # 1-D: the index with the block axis moved last; 2-D: as it is
                         k = row + c if two_d else (a * C + c0 + c) * R + r
                         r32 = _rand32(k0, k1, np.int64(k)) if mode == 2 else 0
-                        os[c] = _out(xs[c], fs[c], sc[c], en[c], s_dec, mode, c2, e2, r32)
+                        os[c] = _out(xs[c], fs[c], sc[c], en[c], s_dec, mode, r32)
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,7 +188,8 @@ def _kernels(rounding_mode: int, blk):
 def _on_path(fmt) -> np.ndarray:
     """The rule constants of ``fmt``, which must be on ``rule_cpu._elem_nearest``'s path (checked once
     per format; the array is shared, read only)."""
-    c = _consts(fmt)
+    r = rule_for(fmt)
+    c = np.array([r.emin, r.man, r.maxkept, r.emaxq, r.ftz, r.ovf_inf, r.inf_nan], np.int64)
     t = _tile_consts(0, 0, 0, 0, 0, 0, *c[:4])
     if not _nearest_ok(0, t[0], t[1], t[2], int(c[1])):
         raise AssertionError(f"{fmt!r} is not on rule_cpu._elem_nearest's path")  # fixed formats: never
@@ -195,7 +221,7 @@ def quantize(x32: torch.Tensor, axis: int, fmt: NVFP4, keys) -> torch.Tensor:
     out = torch.empty_like(x32)
     advise(out)  # huge pages for the untouched output (pages.py)
     args = (xb, x32.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1))
-    tail = (np.float32(mult.item()), np.float32(s_dec.item()), _on_path(E4M3), _on_path(E2M1[fmt.rounding]),
+    tail = (np.float32(mult.item()), np.float32(s_dec.item()), _on_path(E4M3),
             np.int64(keys[0]), np.int64(keys[1]))
     if by_rows:
         rows(*args, A, R, *tail)

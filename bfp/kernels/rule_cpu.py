@@ -1,8 +1,9 @@
 """The element rule compiled for the CPU, and its float32 shortcuts for nearest rounding.
 
 ``scalar.build`` compiles the integer rule with ``numba.njit`` (``_elem``, ``_tile_consts``,
-``_rand32``, ``_finish``). Numba widens integer arithmetic to 64 bits, so the integer rule runs on
-four lanes of a 256-bit vector; the shortcuts below do the rounding itself as float32 arithmetic
+``_finish``; the counter-based random numbers are ``_rand32``, scalar's hash in 32-bit lanes).
+Numba widens integer arithmetic to 64 bits, so the integer rule runs on four lanes of a 256-bit
+vector; the shortcuts below do the rounding itself as float32 arithmetic
 (eight lanes), proven equal to the integer rule where their conditions hold:
 
 * ``_elem_nearest``: the magnitude rounded as ``(a + c) - c`` with ``c`` a power of two from the
@@ -10,12 +11,15 @@ four lanes of a 256-bit vector; the shortcuts below do the rounding itself as fl
 * ``_elem_scaled``: an MX element of a block with scale ``2**s`` as the element format's own
   rule on ``x * 2**-s``, times ``2**s``, in float32 throughout (``c`` from ``_ufp``).
 
-``cpu._cache_dir`` hashes this file: the kernels inline it.
+``cpu._cache_dir`` hashes this file (and every kernel module): the kernels inline it.
 """
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
 
 from .scalar import EXP_INF, MAG, QNAN, build
 
@@ -26,7 +30,28 @@ def _flog2_subnormal(m):
     return ((np.float32(m).view(np.int32) >> 23) - 127) - 149
 
 
-_elem, _tile_consts, _rand32, _finish = build(njit(inline="always"), _flog2_subnormal)
+_elem, _tile_consts, _rand32_64, _finish = build(njit(inline="always"), _flog2_subnormal)
+
+
+@intrinsic
+def _rand32(typingctx, k0, k1, i):
+    """``scalar._rand32`` (keys below 2**32, as ``dispatch._keys`` draws them) written as 32-bit LLVM
+    operations, so a loop of them vectorises on eight 32-bit lanes (Numba's integer arithmetic is
+    64-bit: four lanes; ``_rand32_64``, the same numbers). 0 <= result < 2**32, as an int64."""
+    def codegen(context, builder, signature, args):
+        k0, k1, i = args
+        i32 = ir.IntType(32)
+
+        def mix(x):
+            for shift, mult in ((16, 0x21F0AAAD), (15, 0x735A2D97)):
+                x = builder.mul(builder.xor(x, builder.lshr(x, ir.Constant(i32, shift))), ir.Constant(i32, mult))
+            return builder.xor(x, builder.lshr(x, ir.Constant(i32, 15)))
+        lo = builder.trunc(i, i32)
+        hi = builder.trunc(builder.lshr(i, ir.Constant(ir.IntType(64), 32)), i32)
+        x = mix(builder.xor(lo, builder.trunc(k0, i32)))
+        x = mix(builder.xor(builder.xor(x, hi), builder.trunc(k1, i32)))
+        return builder.zext(x, ir.IntType(64))
+    return types.int64(types.int64, types.int64, types.int64), codegen
 
 
 @njit(inline="always")
@@ -181,3 +206,4 @@ def _fixed_f(xj, c, u, hi, qnan, inf_nan, trunc):
         t = t - u
     r = _special_f(min(t, hi), x, a, hi, qnan, inf_nan)
     return xj if x != x else np.float32(r).view(np.int32)
+
