@@ -49,6 +49,13 @@ def _finite_mag(xb):
 
 
 @njit(inline="always")
+def _block_mag(xb, with_inf):
+    """Magnitude bits for a block maximum: NaN takes no part, nor Inf unless ``with_inf`` (TE's)."""
+    m = xb & _MAG
+    return m if (m < _INF) | (with_inf & (m == _INF)) else np.int32(0)
+
+
+@njit(inline="always")
 def _e4m3_scale(sbs):
     """``sbs`` (float32 in [2**-6, 448]: E4M3's normal range) rounded to E4M3, nearest-even:
     the float32 mantissa cut to 3 bits by an integer add (a carry moves the exponent up)."""
@@ -116,8 +123,9 @@ def _stochastic_out(xb, x, ts, r):
 
 
 # Compile-time constants of each specialised kernel (bfp.kernels.cpu.specialise): the rounding
-# mode, the block (b1 elements along the block axis; b0 rows of a 2-D tile, 1 for 1-D blocks).
-mode, block, b0, b1, two_d = 1, 16, 1, 16, False
+# mode, the block (b1 elements along the block axis; b0 rows of a 2-D tile, 1 for 1-D blocks),
+# whether an infinite element counts in a block's maximum (TE's convention, nvfp4_te_cpu).
+mode, block, b0, b1, two_d, with_inf = 1, 16, 1, 16, False, False
 
 
 def _row_max(xi, bmax, rows, n):
@@ -174,8 +182,8 @@ def _col_item(s, nb0, nrr, ncc, C):
 
 
 def _col_max(xi, bmax, A, R0, R, C):
-    """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the tile of rows i0*b0.. of axis R0 and
-    rb*b1.. of axis R, column c (b0 = 1: 1-D blocks, R0 = 1)."""
+    """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the largest magnitude bits (``_block_mag``) of the
+    tile of rows i0*b0.. of axis R0 and rb*b1.. of axis R, column c (b0 = 1: 1-D blocks, R0 = 1)."""
     nb, ncc, per, nrr = _col_tasks(R, C, b1)
     nb0 = (R0 + b0 - 1) // b0
     for s in prange(A * nb0 * nrr * ncc):
@@ -193,7 +201,7 @@ def _col_max(xi, bmax, A, R0, R, C):
                     start = ((a * R0 + r0) * R + rb * b1) * C
                     xs = xi[start:start + n]
                     for j in range(n):
-                        tmp[j] = max(tmp[j], _finite_mag(xs[j]))
+                        tmp[j] = max(tmp[j], _block_mag(xs[j], with_inf))
                 for j in range(n):
                     bm[j % C] = max(bm[j % C], tmp[j])
                 continue
@@ -202,7 +210,7 @@ def _col_max(xi, bmax, A, R0, R, C):
                     row = ((a * R0 + r0) * R + r) * C
                     xs = xi[row + c0:row + c1]
                     for c in range(c1 - c0):  # along the columns
-                        bm[c] = max(bm[c], _finite_mag(xs[c]))
+                        bm[c] = max(bm[c], _block_mag(xs[c], with_inf))
 
 
 def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, k0, k1):
@@ -253,7 +261,7 @@ def kernels(rounding_mode: int, blk):
     blocks have a fixed trip count) and cached on disk under a name that says both."""
     tile = isinstance(blk, tuple)
     r0, r1 = blk if tile else (1, blk)
-    bound = dict(mode=rounding_mode, block=r1, b0=r0, b1=r1, two_d=tile)
+    bound = dict(mode=rounding_mode, block=r1, b0=r0, b1=r1, two_d=tile, with_inf=False)
     tag = f"mode{rounding_mode}_b{r0}x{r1}{'_2d' if tile else ''}"
     return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_{tag}", True, **bound)
                  for t in (_row_max, _row_quantize, _col_max, _col_quantize))

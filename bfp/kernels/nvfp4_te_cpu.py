@@ -23,7 +23,7 @@ from numba import njit, prange
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
 from .cpu import specialise
 from .rule_cpu import _elem_nearest, _nearest_ok, _rand32, _tile_consts
-from .nvfp4_cpu import FLAT, _col_item, _col_tasks, _e2m1_nearest, _e2m1_stochastic
+from .nvfp4_cpu import FLAT, _col_item, _col_max, _col_tasks, _e2m1_nearest, _e2m1_stochastic
 from .nvfp4_codes import E4M3, te_scales
 from .pages import advise
 from .plan import MODE, rule_for
@@ -102,37 +102,6 @@ def _te_rows(xi, xf, oi, rows, n, mult, s_dec, e4, k0, k1):
             os[k] = _out(xs[k], fs[k], sb8, enc, s_dec, mode, r)
 
 
-def _te_col_max(xi, bmax, A, R0, R, C):
-    """bmax[((a * nb0 + i0) * nb + rb) * C + c]: the largest magnitude bits of the tile of rows
-    i0*b0.. of axis R0 and rb*b1.. of axis R, column c (1-D blocks: b0 = 1, R0 = 1)."""
-    nb, ncc, per, nrr = _col_tasks(R, C, b1)
-    nb0 = (R0 + b0 - 1) // b0
-    for s in prange(A * nb0 * nrr * ncc):
-        a, i0, a0, rr, c0, c1 = _col_item(s, nb0, nrr, ncc, C)
-        run = np.empty(b1 * C if C < FLAT else 0, np.int32)
-        for rb in range(rr * per, min(nb, rr * per + per)):
-            bm = bmax[(a0 * nb + rb) * C + c0:(a0 * nb + rb) * C + c1]
-            bm[:] = 0
-            if C < FLAT:  # few columns: a block's rows are one contiguous run (as nvfp4_cpu's)
-                n = (min(R, rb * b1 + b1) - rb * b1) * C
-                tmp = run[:n]
-                tmp[:] = 0
-                for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
-                    start = ((a * R0 + r0) * R + rb * b1) * C
-                    xs = xi[start:start + n]
-                    for j in range(n):
-                        tmp[j] = max(tmp[j], _mag(xs[j]))
-                for j in range(n):
-                    bm[j % C] = max(bm[j % C], tmp[j])
-                continue
-            for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
-                for r in range(rb * b1, min(R, rb * b1 + b1)):
-                    row = ((a * R0 + r0) * R + r) * C
-                    xs = xi[row + c0:row + c1]
-                    for c in range(c1 - c0):
-                        bm[c] = max(bm[c], _mag(xs[c]))
-
-
 def _te_cols(xi, xf, oi, bmax, A, R0, R, C, mult, s_dec, e4, k0, k1):
     c4 = _consts4(e4)
     nb, ncc, per, nrr = _col_tasks(R, C, b1)
@@ -180,8 +149,10 @@ def _kernels(rounding_mode: int, blk):
     tile = isinstance(blk, tuple)
     r0, r1 = blk if tile else (1, blk)
     tag = f"mode{rounding_mode}_b{r0}x{r1}{'_2d' if tile else ''}"
-    return tuple(specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_{tag}", True, mode=rounding_mode, block=r1,
-                            b0=r0, b1=r1, two_d=tile) for t in (_te_rows, _te_col_max, _te_cols))
+    bound = dict(mode=rounding_mode, block=r1, b0=r0, b1=r1, two_d=tile)
+    col_max = specialise(_col_max, f"nvfp4_te_col_max_{tag}", True, **bound, with_inf=True)  # Inf counts
+    rows, cols = (specialise(t, f"nvfp4_{t.__name__.lstrip('_')}_{tag}", True, **bound) for t in (_te_rows, _te_cols))
+    return rows, col_max, cols
 
 
 @functools.lru_cache(maxsize=None)
