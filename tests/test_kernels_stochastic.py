@@ -106,3 +106,16 @@ def test_random_numbers_in_32_bit_lanes_equal_the_rule_hash():
         assert np.array_equal(a, b), (k0, k1)
         assert [scalar._rand32(k0, k1, int(i)) for i in idx[::61]] == a[::61].tolist()
         assert a.min() >= 0 and a.max() < 2 ** 32
+
+
+@njit
+def _narrow(k0, k1, i):
+    return rule_cpu._rand32(k0, k1, i)
+
+
+def test_random_numbers_take_any_integer_type():
+    """Keys and index of other integer types are widened to int64 first, as in the rule's hash."""
+    from bfp.kernels import scalar
+    assert _narrow(np.uint32(7), np.int32(9), np.int32(123456)) == scalar._rand32(7, 9, 123456)
+    assert _narrow(np.uint64(2 ** 32 - 1), np.int64(1), np.uint64(2 ** 33 + 5)) == scalar._rand32(2 ** 32 - 1, 1,
+                                                                                                 2 ** 33 + 5)
