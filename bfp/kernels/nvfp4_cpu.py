@@ -107,18 +107,12 @@ def _e2m1_stochastic(v, r):
 
 
 @njit(inline="always")
-def _nearest_out(xb, x, ts):
-    """Output bits of one element, nearest rounding; Inf becomes NaN, NaN stays as it is."""
+def _out(xb, x, ts, rmode, r):
+    """Output bits of one element, rounding ``rmode`` (1 nearest, 2 stochastic with ``r``; passed
+    in: an inlined helper sees this module's globals); Inf becomes NaN, NaN stays as it is."""
     v = min(max(x / ts, -_SIX), _SIX)
-    o = np.float32(_e2m1_nearest(v) * ts).view(np.int32)
-    return o if (xb & _MAG) < _INF else (_QNAN if (xb & _MAG) == _INF else xb)
-
-
-@njit(inline="always")
-def _stochastic_out(xb, x, ts, r):
-    """Output bits of one element, stochastic rounding with ``r``; Inf becomes NaN, NaN stays."""
-    v = min(max(x / ts, -_SIX), _SIX)
-    o = np.float32(_e2m1_stochastic(v, r) * ts).view(np.int32)
+    q = _e2m1_nearest(v) if rmode == 1 else _e2m1_stochastic(v, r)
+    o = np.float32(q * ts).view(np.int32)
     return o if (xb & _MAG) < _INF else (_QNAN if (xb & _MAG) == _INF else xb)
 
 
@@ -151,16 +145,12 @@ def _row_quantize(xi, xf, oi, bmax, rows, n, pts, k0, k1):
                 a = t * block
                 xs, fs, os = xi[a:a + block], xf[a:a + block], oi[a:a + block]
                 for k in range(block):
-                    if mode == 1:
-                        os[k] = _nearest_out(xs[k], fs[k], ts)
-                    else:
-                        os[k] = _stochastic_out(xs[k], fs[k], ts, _rand32(k0, k1, np.int64(a + k)))
+                    r = _rand32(k0, k1, np.int64(a + k)) if mode == 2 else 0
+                    os[k] = _out(xs[k], fs[k], ts, mode, r)
                 continue
             for j in range(a, min(a + block, (t // nb) * n + n)):
-                if mode == 1:
-                    oi[j] = _nearest_out(xi[j], xf[j], ts)
-                else:
-                    oi[j] = _stochastic_out(xi[j], xf[j], ts, _rand32(k0, k1, np.int64(j)))
+                r = _rand32(k0, k1, np.int64(j)) if mode == 2 else 0
+                oi[j] = _out(xi[j], xf[j], ts, mode, r)
 
 
 @njit(inline="always")
@@ -237,10 +227,10 @@ def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, k0, k1):
                     xs, fs, os = xi[start:start + n], xf[start:start + n], oi[start:start + n]
                     for j in range(n):
                         if mode == 1:
-                            os[j] = _nearest_out(xs[j], fs[j], tse[j])
+                            os[j] = _out(xs[j], fs[j], tse[j], 1, 0)
                         else:  # as below: 1-D (a, c, r) with r = rb * b1 + j // C; 2-D as it is
                             k = start + j if two_d else a * C * R + rb * b1 + kofs[j]
-                            os[j] = _stochastic_out(xs[j], fs[j], tse[j], _rand32(k0, k1, np.int64(k)))
+                            os[j] = _out(xs[j], fs[j], tse[j], 2, _rand32(k0, k1, np.int64(k)))
                 continue
             for r0 in range(i0 * b0, min(R0, i0 * b0 + b0)):
                 for r in range(rb * b1, min(R, rb * b1 + b1)):
@@ -248,10 +238,10 @@ def _col_quantize(xi, xf, oi, bmax, A, R0, R, C, pts, k0, k1):
                     xs, fs, os = xi[row:row + w], xf[row:row + w], oi[row:row + w]  # indices >= 0
                     for c in range(w):
                         if mode == 1:
-                            os[c] = _nearest_out(xs[c], fs[c], ts[c])
+                            os[c] = _out(xs[c], fs[c], ts[c], 1, 0)
                         else:  # 1-D: the index with the block axis moved last; 2-D: as it is
                             k = row + c if two_d else (a * C + c0 + c) * R + r
-                            os[c] = _stochastic_out(xs[c], fs[c], ts[c], _rand32(k0, k1, np.int64(k)))
+                            os[c] = _out(xs[c], fs[c], ts[c], 2, _rand32(k0, k1, np.int64(k)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ from .dispatch import nvfp4_keys
 from .hadamard_cpu import load_transformed, work_items
 from .nvfp4 import quantize as nvfp4_reference
 from .nvfp4_codes import tensor_scale
-from .nvfp4_cpu import COLS, _block_scale, _finite_mag, _nearest_out, _stochastic_out
+from .nvfp4_cpu import COLS, _block_scale, _finite_mag, _out
 from .pages import advise
 from .plan import MODE
 
@@ -68,10 +68,10 @@ def _block_quantize(x, factor, oi, bmax, A, Rin, nb, C, b, pts, k0, k1):
                     v = t[i, c]
                     vb = np.float32(v).view(np.int32)
                     if mode == 1:
-                        oi[row + c] = _nearest_out(vb, v, ts[c])
+                        oi[row + c] = _out(vb, v, ts[c], 1, 0)
                     else:  # the index with the block axis (rows) moved last, as nvfp4_cpu
                         k = (a * C + c0 + c) * R + r
-                        oi[row + c] = _stochastic_out(vb, v, ts[c], _rand32(k0, k1, np.int64(k)))
+                        oi[row + c] = _out(vb, v, ts[c], 2, _rand32(k0, k1, np.int64(k)))
 
 
 @functools.lru_cache(maxsize=None)
