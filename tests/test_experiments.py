@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from bfp.data import decoded
-from bfp.experiments import matrix, report, results
+from bfp.experiments import matrix, report, reruns, results
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -90,12 +90,16 @@ def test_a_rerun_row_reproduces_its_recorded_numbers_exactly(cifar_dir, tmp_path
     assert _experiments("run", "cifar10-table", "--rows", "fb16-do", *common, cwd=tmp_path).returncode == 0
     r = _experiments("verify", "cifar10-table", "--row", "fb16-do", *common, cwd=tmp_path)
     assert r.returncode == 0 and "fb16-do: identical to" in r.stdout, r.stdout + r.stderr
+    logged = reruns.load(res)
+    assert [(t["row"], t["identical"], t["epochs"]) for t in logged] == [("fb16-do", True, 1)]
+    assert logged[0]["recorded"]["sha256"] == reruns.fingerprint(results.read_result(res / "fb16-do.json"))
     # a recorded number that differs is reported, with exit status 1
     doc = json.loads((res / "fb16-do.json").read_text())
     doc["epochs"][0]["train_loss"] += 1e-9
     (res / "fb16-do.json").write_text(json.dumps(doc))
     r = _experiments("verify", "cifar10-table", "--row", "fb16-do", *common, cwd=tmp_path)
     assert r.returncode == 1 and "DIFFERS" in r.stdout and "epoch 1 train_loss" in r.stdout
+    assert [t["identical"] for t in reruns.load(res)] == [True, False]  # appended, the first kept
 
 
 def test_a_killed_row_resumes_from_its_checkpoint_to_the_uninterrupted_numbers(cifar_dir, tmp_path):

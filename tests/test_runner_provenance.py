@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bfp.experiments import matrix, report, results, runner, spread, stale
+from bfp.experiments import matrix, report, results, reruns, runner, spread, stale
 
 ROWS = {r.name: r for r in matrix.ROWS}
 
@@ -178,3 +178,44 @@ def test_the_report_says_when_rows_come_from_different_machines(tmp_path):
                          tmp_path / "img").read_text()
     assert "**Not one machine**: the results come from 2 machines" in page
     assert "Linux-other-host, torch" in page and f"{rec['machine']['platform']}, torch" in page
+
+
+def _tie(doc: dict, rerun_host: str, identical: bool = True) -> dict:
+    return {"row": doc["row"], "identical": identical, "epochs": len(doc["epochs"]),
+            "recorded": {"sha256": reruns.fingerprint(doc), "host": reruns.host(doc), "commit": "a" * 40},
+            "rerun": {"host": rerun_host, "commit": "a" * 40, "date": "2026-11-27"}}
+
+
+def test_verify_reruns_that_reproduce_a_row_on_another_host_join_the_hosts(tmp_path):
+    """Two hosts (another VM build of the platform) are shown to agree only by an identical rerun
+    of a row's current result file across them: a differing rerun, or a rerun of a file since
+    replaced, leaves the warning; a damaged log line is refused, naming the file and line."""
+    rec = results.read_result(Path(__file__).resolve().parents[1] / "results" / "cifar10-table" / "fp32.json")
+    one = dict(rec, git_commit="a" * 40, citable=True)
+    other = dict(one, row="fb24", machine=dict(rec["machine"], platform="Linux-other-host"))
+    res = {"fp32": one, "fb24": other}
+    there = reruns.host(other)
+    assert there == f"{rec['machine']['cpu']}, Linux-other-host, torch {rec['versions']['torch']}"
+    said = report.machines(res, [_tie(one, there)])
+    assert said.startswith("**2 hosts, shown to agree**") and "`fp32` recorded on" in said
+    assert "reproduced all 3 recorded epochs exactly" in said and "Linux-other-host" in said
+    for bad in (_tie(one, there, identical=False), _tie(dict(one, epochs=one["epochs"][:2]), there),
+                _tie(one, "AMD EPYC, Linux-third-host, torch 2.14.1")):
+        said = report.machines(res, [bad])
+        assert said.startswith("**Not one machine**: the results come from 2 machines"), said
+    assert "Shown so far" not in report.machines(res, [_tie(one, there, identical=False)])
+    (tmp_path / reruns.LOG).write_text(json.dumps(_tie(one, there)) + "\n" + '{"row": "fp32"}\n')
+    with pytest.raises(results.ResultError, match=r"verified.jsonl line 2: not a verify record"):
+        reruns.load(tmp_path)
+    (tmp_path / reruns.LOG).write_text(json.dumps(_tie(one, there)) + "\n")
+    assert reruns.load(tmp_path) == [_tie(one, there)] and reruns.load(tmp_path / "none") == []
+
+
+def test_the_machine_record_names_the_cpu_generation_and_torchs_instruction_set():
+    m = results.machine()
+    import torch
+    assert m["isa"] == torch.backends.cpu.get_cpu_capability() and m["cores"] >= 1
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    if "vendor_id" in cpuinfo:
+        fam = next(line.split(":")[1].strip() for line in cpuinfo.splitlines() if line.startswith("cpu family"))
+        assert m["cpu_id"].split()[1].split("/")[0] == fam

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
 from ..data.archives import unpack
 from ..data.folders import find_image_folder
-from . import matrix, report, results, runner, stale
+from . import matrix, report, results, reruns, runner, stale
 
 # Hand-written pages with a block rendered from a table's result files (report.splice).
 SPLICED = {"vit-table": "docs/transformers.md", "lm-table": "docs/transformers.md"}
@@ -111,7 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 raise ValueError(f"--doc {args.doc!r} is not writable")
             writable_dir(Path(args.img), "--img")
             res = results.load_results(res_dir)
-            out = report.render(args.table, res, rows, Path(args.doc), Path(args.img), res_dir.as_posix(), prof.name)
+            out = report.render(args.table, res, rows, Path(args.doc), Path(args.img), res_dir.as_posix(), prof.name,
+                                reruns.load(res_dir))
             print(f"wrote {out}")
             if not quick and args.table in SPLICED and report.splice(Path(SPLICED[args.table]), args.table, res, rows,
                                                                      args.doc):
@@ -170,32 +170,10 @@ def rerun_stale(args, prof, chosen, data: Optional[str], res_dir: Path, runs_dir
 
 def verify(args, prof, rows, data, res_dir: Path, runs_dir: Path) -> int:
     """Rerun one row from scratch into a scratch folder and compare its per-epoch numbers with the
-    recorded result, exactly."""
+    recorded result, exactly (``bfp.experiments.reruns``)."""
     if not args.row:
         raise ValueError("verify needs --row NAME")
-    row = matrix.select(rows, prof, [args.row])[0]
-    recorded = res_dir / f"{row.name}.json"
-    if not recorded.is_file():
-        raise ValueError(f"no recorded result {recorded} to verify against; run the row first")
-    doc = results.read_result(recorded)  # checked: its summary agrees with its own epochs
-    scratch = runs_dir / ".verify"
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    epochs = len(doc["epochs"])
-    if not runner.run_row(args.table, row, prof, data, scratch / "results", scratch, epochs):
-        return 1
-    again = results.read_result(scratch / "results" / f"{row.name}.json")
-    keys = ("train_loss", "test_loss", "test_acc1")
-    diffs = [f"epoch {a.get('epoch', i) + 1} {k}: recorded {a.get(k)!r}, now {b.get(k)!r}"
-             for i, (a, b) in enumerate(zip(doc["epochs"], again["epochs"])) for k in keys if a.get(k) != b.get(k)]
-    if len(doc["epochs"]) != len(again["epochs"]):
-        diffs.append(f"{len(doc['epochs'])} epochs recorded, {len(again['epochs'])} rerun")
-    if diffs:
-        print(f"{row.name}: DIFFERS from {recorded} (threads {doc['threads']}, seed {doc['seed']}, "
-              f"machine {doc['machine'].get('cpu')}):\n  " + "\n  ".join(diffs))
-        return 1
-    print(f"{row.name}: identical to {recorded}: {len(again['epochs'])} epochs of {', '.join(keys)}")
-    return 0
+    return reruns.verify(args.table, matrix.select(rows, prof, [args.row])[0], prof, data, res_dir, runs_dir)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from . import matrix
+from . import matrix, reruns
 
 from .spread import MARGIN, TOL, below, both, near, summary, top1s, verdict, yes_no
 
@@ -153,21 +153,36 @@ def provenance(res: dict[str, dict]) -> tuple[Optional[str], str]:
                   f"another commit are rerun by `python -m bfp.experiments rerun-stale`.")
 
 
-def machines(res: dict[str, dict]) -> Optional[str]:
-    """A sentence when the results come from more than one machine (platform and library versions),
-    else None: torch's float32 kernels sum in an order that depends on the CPU, so the same clean
-    commit trains to other digits on another host (FP32 70.36% and 70.28% from one command)."""
+def machines(res: dict[str, dict], verified: list[dict] = ()) -> Optional[str]:
+    """A sentence when the results come from more than one host (``reruns.host``), else None:
+    torch's float32 kernels sum in an order that depends on the CPU, so the same clean commit can
+    train to other digits on another host (FP32 70.36% and 70.28% from one command). ``verify``
+    reruns of current rows (``reruns.ties``) that reproduced a row recorded on one host on another
+    join the two; when they join every host the page says so instead of warning."""
     hosts: dict[str, int] = {}
     for d in res.values():
-        m, v = d.get("machine") or {}, d.get("versions") or {}
-        h = f"{m.get('cpu')}, {m.get('platform')}, torch {v.get('torch')}"
-        hosts[h] = hosts.get(h, 0) + 1
+        hosts[reruns.host(d)] = hosts.get(reruns.host(d), 0) + 1
     if len(hosts) < 2:
         return None
+    group = {h: h for h in hosts}
+
+    def root(h: str) -> str:
+        while group[h] != h:
+            h = group[h]
+        return h
+    tied = [t for t in reruns.ties(res, list(verified)) if t["rerun"].get("host") in hosts]
+    for t in tied:
+        group[root(t["recorded"]["host"])] = root(t["rerun"]["host"])
     listed = "; ".join(f"{h} ({n})" for h, n in sorted(hosts.items(), key=lambda kv: -kv[1]))
+    proof = " ".join(f"`{t['row']}` recorded on {t['recorded']['host']} was rerun on {t['rerun']['host']} "
+                     f"({t['rerun'].get('date')}, commit `{str(t['rerun'].get('commit'))[:12]}`) and reproduced "
+                     f"all {t['epochs']} recorded epochs exactly." for t in tied)
+    if len({root(h) for h in hosts}) == 1:
+        return (f"**{len(hosts)} hosts, shown to agree**: the results come from {listed}. Float32 kernels sum "
+                f"in a CPU-dependent order, so hosts can differ; `verify` reruns join these: {proof}")
     return (f"**Not one machine**: the results come from {len(hosts)} machines: {listed}. Float32 kernels "
             f"sum in a CPU-dependent order, so rows from different machines differ by more than their code "
-            f"does; a rerun on one machine compares them.")
+            f"does; a rerun on one machine compares them (`verify`)." + (f" Shown so far: {proof}" if proof else ""))
 
 
 def _script(res: dict[str, dict], rows) -> str:
@@ -183,10 +198,11 @@ def _loss(doc: dict, bits: bool) -> str:
 
 
 def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: Path, img: Path,
-           source: str = "", profile: str = "full") -> Path:
+           source: str = "", profile: str = "full", verified: list[dict] = ()) -> Path:
     """Write ``doc`` (Markdown) and its PNGs under ``img`` from ``res`` (the result files of
     folder ``source``, by file name); returns ``doc``. The page says at its top when the table is
-    not complete, not of the full profile, or not from one clean commit."""
+    not complete, not of the full profile, or not from one clean commit, and when its rows come
+    from several hosts, whether ``verified`` (``reruns.load``) shows them to agree."""
     any_doc = next(iter(res.values()), None)
     missing = [r.name for r in rows if r.name not in res]
     lines = [f"# Results: `{table}`", "",
@@ -201,13 +217,14 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"yet: {', '.join(missing)}. Verdicts that need those rows say so.", ""]
     commit, said = provenance(res) if res else (None, "No results yet.")
     lines += [said, ""]
-    hosts = machines(res)
+    hosts = machines(res, verified)
     if hosts:
         lines += [hosts, ""]
     if any_doc:
         m, v = any_doc["machine"], any_doc["versions"]
         lines += ["## Setup", "", f"{any_doc['setup']}.", "",
-                  f"Machine: {m.get('cpu')} ({m.get('cores')} cores), {m.get('platform')}; Python "
+                  f"Machine: {m.get('cpu')} ({m.get('cores')} cores{''.join(', ' + str(m[k]) for k in ('cpu_id', 'isa') if m.get(k))}), "
+                  f"{m.get('platform')}; Python "
                   f"{m.get('python')}, torch {v.get('torch')}, numba {v.get('numba')}, numpy {v.get('numpy')}; "
                   f"threads {any_doc['threads']}. Times are training-epoch times on a shared 2-core machine (load "
                   "averages are in each result file), so their ratios are rough.", "",

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from ..engine import logs
 
 EPOCH_KEYS = ("epoch", "global_step", "train_loss", "train_acc1", "test_loss", "test_acc1", "test_acc5",
@@ -60,15 +62,24 @@ def mean_bits(run_dir: Path, total_steps: int) -> Optional[float]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
+    """Where a row ran: platform, CPU name, ``cpu_id`` (vendor family/model/stepping, which tell
+    CPU generations with one marketing name apart), torch's instruction-set level (``isa``:
+    AVX2, AVX512, ...; it picks the kernels and so the order of float additions), cores, Python."""
+    cpu, fields = platform.processor() or "", {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "vendor_id", "cpu family", "model", "stepping"):
+                fields.setdefault(key.strip(), value.strip())
+            elif not line.strip() and fields:
                 break
     except OSError:
         pass
-    return {"platform": platform.platform(), "cpu": cpu, "cores": os.cpu_count(),
+    cpu = fields.get("model name", cpu)
+    cpu_id = (f"{fields['vendor_id']} {fields.get('cpu family')}/{fields.get('model')}/{fields.get('stepping')}"
+              if "vendor_id" in fields else None)
+    isa = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+    return {"platform": platform.platform(), "cpu": cpu, "cpu_id": cpu_id, "isa": isa, "cores": os.cpu_count(),
             "python": platform.python_version()}
 
 
