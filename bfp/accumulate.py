@@ -57,7 +57,7 @@ from .kernels.exact import nearest32, round_exact, two_sum
 from .kernels.inplace import add_quantize_, quantize_
 # The accumulator spec is a value type beside LayerPrecision; exported here too.
 from .precision import GEMMS, Accumulator, FusedAccumulator, accumulator_from_dict  # noqa: F401
-from .tensorcore import fused_matmul
+from .tensorcore import fused_bmm
 
 # Chunk partial sums are materialised in slabs of at most this many elements
 # (4 MiB of float32): one chunk at a time for large outputs, so the working set stays
@@ -207,7 +207,7 @@ def _chunk_sums(a3: torch.Tensor, b3: torch.Tensor, chunk: int, rnd: Callable,
 def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """``a @ b`` (broadcasting batch dims) with a blocked narrow accumulator, or a tensor core's
-    fused adder for a ``FusedAccumulator`` (``bfp.tensorcore.fused_matmul``, matrix by matrix).
+    fused adder for a ``FusedAccumulator`` (``bfp.tensorcore.fused_bmm``, the whole batch at once).
 
     Float32 dot products over ``acc.chunk``-element chunks of K, each rounded
     to ``acc.fmt`` and added to a running sum rounded after every chunk
@@ -216,7 +216,7 @@ def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, acc: Accumulator, *,
     """
     a3, b3, shape, out_dtype = _operands(a, b, acc)
     if isinstance(acc, FusedAccumulator):  # a tensor core's fused adder (bfp.tensorcore)
-        return _finish(torch.stack([fused_matmul(x, y, acc) for x, y in zip(a3, b3)]), shape, out_dtype, a)
+        return _finish(fused_bmm(a3, b3, acc), shape, out_dtype, a)
     rnd = lambda t: quantize(t, acc.fmt, generator=generator)  # noqa: E731
     with _float32_arithmetic(a):
         if acc.per_product:  # chunk == 1, product by product: the reference's loop

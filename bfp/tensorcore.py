@@ -76,15 +76,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+import numpy as np
 import torch
 from numba import config as numba_config
 
 from .kernels.cpu import threads_for
-from .kernels.fused import (SERIAL_PRODUCTS, ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_chain32,
+from .kernels.fused import (SERIAL_PRODUCTS, ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_gemm32,
                            operand_exponents)
 from .precision import FusedAccumulator
 
-__all__ = ["FusedAccumulator", "fused_matmul", "accumulator_from_name", "FUSED_PRESETS"]
+__all__ = ["FusedAccumulator", "fused_matmul", "fused_bmm", "accumulator_from_name", "FUSED_PRESETS"]
 
 def _cut(x: torch.Tensor, e: torch.Tensor, bits: int, rounding: str) -> torch.Tensor:
     """``x`` to ``bits`` fraction bits below ``2**e`` (float64, exact scalings by powers of two)."""
@@ -132,30 +133,53 @@ def _chain(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, c0: Optional
     return c
 
 
+def _chains(k: int, acc: FusedAccumulator) -> list[tuple[int, int]]:
+    """The accumulation chains over K, in order: ``promote_every`` spans within each of ``split_k``
+    contiguous tiles (one chain ``(0, 0)`` when K is 0)."""
+    tiles = [t for t in torch.tensor_split(torch.arange(k), acc.split_k) if len(t)] or [torch.arange(0)]
+    out = []
+    for tile in tiles:
+        lo, hi = (int(tile[0]), int(tile[-1]) + 1) if len(tile) else (0, 0)
+        span = acc.promote_every or max(hi - lo, 1)
+        out += [(s, min(s + span, hi)) for s in range(lo, max(hi, lo + 1), span)]
+    return out
+
+
+def _params(acc: FusedAccumulator) -> tuple:
+    return (acc.terms, acc.align_emin, acc.align_bits, acc.align_rounding == "nearest", acc.sum_bits, acc.sum_emin,
+            acc.sum_rounding == "nearest")
+
+
+def _gemm32(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, chains: list[tuple[int, int]]) -> torch.Tensor:
+    """A batch (B, M, K) @ (B, K, N) where ``float32_exact`` holds, every chain in one call of
+    ``fused_gemm32``; operand exponents from their bits (``exponents32``)."""
+    a, b = a.float().contiguous(), b.float().contiguous()
+    (nb, m, k), n = a.shape, b.shape[2]
+    ea, eb = torch.empty(a.shape, dtype=torch.int32), torch.empty(b.shape, dtype=torch.int32)
+    for x, emin, e in ((a, acc.emins()[0], ea), (b, acc.emins()[1], eb)):
+        with threads_for(x.numel()):
+            rows = (x.shape[0] * x.shape[1], x.shape[2])
+            exponents32(x.view(rows).numpy(), emin, e.view(rows).numpy())
+    out = torch.empty(nb, m, n, dtype=torch.float32)
+    bounds = np.array([chains[0][0]] + [e for _, e in chains], dtype=np.int64)
+    with threads_for(nb * m * n * k, SERIAL_PRODUCTS):
+        fused_gemm32(a.numpy(), b.numpy(), ea.numpy(), eb.numpy(), out.numpy(), bounds, *_params(acc))
+    return out
+
+
 class _Kernel:
-    """The Numba kernels' chains (``bfp.kernels.fused`` on the CPU, ``fused_cuda`` on CUDA tensors or
-    under the CUDA simulator, loaded on first use), with what every span shares computed once: the
-    operands in float32 where that is exact (``float32_exact``) else float64, and their exponents."""
+    """The float64 Numba kernels' chains (``bfp.kernels.fused.fused_chain`` on the CPU, ``fused_cuda``
+    on CUDA tensors or under the CUDA simulator, loaded on first use), with what every span shares
+    computed once: the operands in float64 and their exponents."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator):
         self.device = a.is_cuda or bool(numba_config.ENABLE_CUDASIM)
-        self.narrow = not self.device and float32_exact(a, b, acc)
-        self.dt = torch.float32 if self.narrow else torch.float64
-        self.a, self.b = a.to(self.dt), b.to(self.dt)
+        self.a, self.b = a.double(), b.double()
         emin_a, emin_b = acc.emins()
-        if self.narrow:  # from the exponent bits, in Numba
-            self.a, self.b = self.a.contiguous(), self.b.contiguous()
-            self.ea, self.eb = (torch.empty(x.shape, dtype=torch.int32) for x in (self.a, self.b))
-            for x, emin, e in ((self.a, emin_a, self.ea), (self.b, emin_b, self.eb)):
-                with threads_for(x.numel()):
-                    exponents32(x.numpy(), emin, e.numpy())
-        else:
-            self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
+        self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
         # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
-        self.skip = self.narrow or bool(torch.isfinite(self.b).all())
-        self.params = (acc.terms, acc.align_emin, acc.align_bits, acc.align_rounding == "nearest", acc.sum_bits,
-                       acc.sum_emin, acc.sum_rounding == "nearest", bool(acc.accumulator_in_alignment),
-                       acc.product_exponent == "operands")
+        self.skip = bool(torch.isfinite(self.b).all())
+        self.params = (*_params(acc), bool(acc.accumulator_in_alignment), acc.product_exponent == "operands")
 
     def chain(self, s: int, e: int, width: int) -> torch.Tensor:
         """One chain over K elements ``s:e``, zero-padded to ``width``; float32 result."""
@@ -171,13 +195,47 @@ class _Kernel:
         if self.device:
             from .kernels.fused_cuda import fused_chain as on_device
             on_device(*(x.contiguous() for x in (pa, pb, pea, peb)), out, *self.params)
-        elif self.narrow:
-            p = self.params
-            with threads_for(m * n * width, SERIAL_PRODUCTS):
-                fused_chain32(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *p[:7], self.skip)
         else:
             _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip, 2000)
         return out.float()  # a chain's result fits float32
+
+
+def _one(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, backend: str,
+         chains: list[tuple[int, int]]) -> torch.Tensor:
+    """One (M, K) @ (K, N) chain by chain, the chains' results added in order in float32: the float64
+    kernels (``backend="kernel"``) or the torch reference."""
+    kernel = _Kernel(a, b, acc) if backend == "kernel" else None
+    a64, b64 = (a.double(), b.double()) if kernel is None else (None, None)
+    out32 = None
+    for s, e in chains:
+        width = -(-(e - s) // acc.terms) * acc.terms or acc.terms
+        if kernel is not None:
+            part = kernel.chain(s, e, width)
+        else:
+            pa = torch.zeros(a.shape[0], width, dtype=torch.float64, device=a.device)
+            pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
+            pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
+            rows = max(1, (1 << 22) // (acc.terms * max(b.shape[1], 1)))  # (rows, terms, N) float64 slabs
+            part = torch.cat([_chain(pa[r:r + rows], pb, acc) for r in range(0, pa.shape[0], rows)]
+                             or [pa.new_zeros(0, b.shape[1])]).float()  # a chain's result fits float32
+        out32 = part if out32 is None else out32 + part  # float32 adds, round to nearest, in order
+    return out32
+
+
+def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
+    """A batch of ``fused_matmul``: ``a`` (B, M, K) @ ``b`` (B, K, N), float32 (B, M, N). On the CPU,
+    where float32 holds the arithmetic exactly (``float32_exact``: FP8 operands), the whole batch
+    and every chain of K run in one kernel call (``fused_gemm32``); otherwise matrix by matrix."""
+    if backend not in ("kernel", "reference"):
+        raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ValueError(f"fused_bmm needs (B, M, K) @ (B, K, N) operands, got {list(a.shape)} and {list(b.shape)}")
+    chains = _chains(a.shape[2], acc)
+    if backend == "kernel" and not (a.is_cuda or numba_config.ENABLE_CUDASIM) and float32_exact(a, b, acc):
+        return _gemm32(a, b, acc, chains)
+    if a.shape[0] == 0:
+        return a.new_zeros(0, a.shape[1], b.shape[2], dtype=torch.float32)
+    return torch.stack([_one(x, y, acc, backend, chains) for x, y in zip(a, b)])
 
 
 def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
@@ -189,28 +247,7 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", back
         raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
-    kernel = _Kernel(a, b, acc) if backend == "kernel" else None
-    a64, b64 = (a.double(), b.double()) if kernel is None else (None, None)
-    k = a.shape[1]
-    tiles = [t for t in torch.tensor_split(torch.arange(k), acc.split_k) if len(t)] or [torch.arange(0)]
-    out32 = None
-    for tile in tiles:
-        lo, hi = (int(tile[0]), int(tile[-1]) + 1) if len(tile) else (0, 0)
-        span = acc.promote_every or max(hi - lo, 1)
-        for s in range(lo, max(hi, lo + 1), span):
-            e = min(s + span, hi)
-            width = -(-(e - s) // acc.terms) * acc.terms or acc.terms
-            if kernel is not None:
-                part = kernel.chain(s, e, width)
-            else:
-                pa = torch.zeros(a.shape[0], width, dtype=torch.float64, device=a.device)
-                pb = torch.zeros(width, b.shape[1], dtype=torch.float64, device=b.device)
-                pa[:, :e - s], pb[:e - s] = a64[:, s:e], b64[s:e]  # zero padding to whole steps
-                rows = max(1, (1 << 22) // (acc.terms * max(b.shape[1], 1)))  # (rows, terms, N) float64 slabs
-                part = torch.cat([_chain(pa[r:r + rows], pb, acc) for r in range(0, pa.shape[0], rows)]
-                                 or [pa.new_zeros(0, b.shape[1])]).float()  # a chain's result fits float32
-            out32 = part if out32 is None else out32 + part  # float32 adds, round to nearest, in order
-    return out32
+    return fused_bmm(a[None], b[None], acc, backend)[0]
 
 
 def _wide(name: str, terms: int, extra: int, align_emin: int, operand_emin: int) -> FusedAccumulator:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import bfp
-from bfp.tensorcore import FUSED_PRESETS, fused_matmul
+from bfp.tensorcore import FUSED_PRESETS, fused_bmm, fused_matmul
 
 ROOT = Path(__file__).resolve().parents[1]
 E4M3 = bfp.format_from_name("float8_e4m3fn")
@@ -47,6 +47,31 @@ def test_cpu_kernel_equals_the_reference(name, mkn):
     a, b = operands(*mkn, seed=sum(mkn))
     acc = SETTINGS[name]
     assert torch.equal(bits(fused_matmul(a, b, acc)), bits(fused_matmul(a, b, acc, backend="reference")))
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_batch_runs_in_one_call_and_equals_the_reference_matrix_by_matrix(name):
+    """fused_bmm: every matrix of a batch, every chain of K (promotion spans inside split-K tiles,
+    a last step with fewer terms than the adder's), equal to the reference run matrix by matrix."""
+    acc = SETTINGS[name]
+    for shape in [(3, 4, 300, 5), (2, 1, 37, 1), (4, 6, 129, 7)]:
+        nb, m, k, n = shape
+        pairs = [operands(m, k, n, seed=sum(shape) + q) for q in range(nb)]
+        a, b = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        for p in (acc.promote_every, 64, 96) if name == "h100_fp8" else (acc.promote_every,):
+            cut = replace(acc, promote_every=p)
+            want = torch.stack([fused_matmul(x, y, cut, backend="reference") for x, y in pairs])
+            assert torch.equal(bits(fused_bmm(a, b, cut)), bits(want)), (name, shape, p)
+    # empty batch, empty K (zeros), and a batch one of whose matrices leaves float32's exact range
+    assert fused_bmm(torch.zeros(0, 2, 3), torch.zeros(0, 3, 4), BASE).shape == (0, 2, 4)
+    assert torch.equal(fused_bmm(torch.ones(2, 2, 0), torch.ones(2, 0, 3), BASE), torch.zeros(2, 2, 3))
+    (a0, b0), (a1, b1) = operands(3, 70, 4, seed=1), operands(3, 70, 4, seed=2)
+    a = torch.stack([a0, a1 * 2.0 ** 30])
+    got = fused_bmm(a, torch.stack([b0, b1]), BASE)
+    for q, (x, y) in enumerate([(a[0], b0), (a[1], b1)]):
+        assert torch.equal(bits(got[q]), bits(fused_matmul(x, y, BASE, backend="reference")))
+    with pytest.raises(ValueError, match=r"fused_bmm needs \(B, M, K\) @ \(B, K, N\) operands, got \[2, 3\]"):
+        fused_bmm(torch.ones(2, 3), torch.ones(3, 2), BASE)
 
 
 def test_float32_runs_only_where_it_is_exact_and_float64_elsewhere():

@@ -14,7 +14,8 @@ The same code runs on float32 arrays where that is exact (``float32_exact``): FP
 whose products are exact in float32 and, scaled, below ``2**(align_bits + 2)``, so a step's sum
 stays below ``2**24``; the accumulator in the alignment (a float32 ``v + c`` would round once
 more); product exponents from the operands; ``align_bits <= 16`` and ``sum_bits <= 22``. That
-case runs ``fused_chain32``, whose per-output work is vectorised as well. A step whose products are all zero, with a
+case runs ``fused_gemm32`` (a batch of GEMMs, every chain of K, in one call), whose per-output
+work is vectorised as well. A step whose products are all zero, with a
 zero accumulator, would then scale by more than float32 holds: ``scale_cap`` (126) caps that
 power of two, which changes nothing there (its terms are zero). Twice the lanes of float64.
 
@@ -149,15 +150,24 @@ def fused_chain(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, su
 
 
 @njit(cache=True, parallel=True)
-def fused_chain32(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, sum_bits, sum_emin, sum_near,
-                  skip_zeros):
-    """``fused_chain`` for float32 operands where ``float32_exact`` holds (accumulator aligned,
-    product exponents from the operands): every per-output step in vectorisable passes, powers of
-    two built from their exponent bits and exponents read from them (``c`` and a step's sum are
-    normal float32 numbers or zero there), so no libm call runs per output."""
-    m, k = a.shape
-    n = b.shape[1]
-    for i in prange(m):
+def fused_gemm32(a, b, ea, eb, out, bounds, terms, align_emin, align_bits, align_near, sum_bits, sum_emin,
+                 sum_near):
+    """Every chain of a batch of GEMMs in one call, for float32 operands where ``float32_exact``
+    holds (accumulator aligned, product exponents from the operands): ``a`` (B, M, K), ``b``
+    (B, K, N), ``out`` (B, M, N) float32, all C-contiguous. ``bounds`` (int64, ascending, from 0 to
+    K) cuts K into chains (``promote_every`` spans within ``split_k`` tiles): each chain starts
+    from +0, its last step has the terms that are left (the zero padding of the reference adds
+    nothing: a zero product is skipped and its exponent never wins), and the chains' results are
+    added in order in float32 (round to nearest). Every per-output step runs in vectorisable
+    passes, powers of two built from their exponent bits and exponents read from them (``c`` and
+    a step's sum are normal float32 numbers or zero there), so no libm call runs per output;
+    (batch, row) pairs run in parallel. Zero operands' products are skipped (operands are finite here)."""
+    nb, m, k = a.shape
+    n = b.shape[2]
+    for idx in prange(nb * m):
+        q, i = idx // m, idx % m
+        aq, bq, eaq, ebq, oq = a[q], b[q], ea[q], eb[q], out[q]
+        total = np.zeros(n, dtype=np.float32)
         c = np.zeros(n, dtype=np.float32)
         top = np.empty(n, dtype=np.int32)
         sbits = np.empty(n, dtype=np.int32)
@@ -167,42 +177,48 @@ def fused_chain32(a, b, ea, eb, out, terms, align_emin, align_bits, align_near, 
         inv = ibits.view(np.float32)
         cb = c.view(np.int32)
         sb = s.view(np.int32)
-        for g in range(0, k, terms):
-            for j in range(n):  # the accumulator's exponent joins the alignment
-                ec = ((cb[j] >> 23) & 0xFF) - 127
-                top[j] = ec if c[j] != 0.0 else ZERO_EXP
-            for t in range(g, g + terms):
-                ai = a[i, t]
-                if ai == 0.0 and skip_zeros:
-                    continue
-                eai = ea[i, t]
+        for ch in range(bounds.size - 1):
+            c[:] = 0.0
+            lo, hi = bounds[ch], bounds[ch + 1]
+            for g in range(lo, hi, terms):
+                count = min(terms, hi - g)
+                for j in range(n):  # the accumulator's exponent joins the alignment
+                    ec = ((cb[j] >> 23) & 0xFF) - 127
+                    top[j] = ec if c[j] != 0.0 else ZERO_EXP
+                for t in range(g, g + count):
+                    ai = aq[i, t]
+                    if ai == 0.0:
+                        continue
+                    eai = eaq[i, t]
+                    for j in range(n):
+                        e = eai + ebq[t, j]
+                        top[j] = e if e > top[j] else top[j]
                 for j in range(n):
-                    e = eai + eb[t, j]
-                    top[j] = e if e > top[j] else top[j]
+                    tj = top[j] if top[j] > align_emin else np.int32(align_emin)
+                    x = align_bits - tj
+                    x = x if x < 126 else 126  # an all-zero step: any scale serves
+                    sbits[j] = (127 + x) << 23
+                    ibits[j] = (127 - x) << 23
+                    s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
+                _add_terms(aq, bq, scale, s, i, g, count, align_near, True)
+                for j in range(n):
+                    s[j] = s[j] * inv[j]  # the step's exact sum, a normal float32 or zero
+                for j in range(n):
+                    ev = ((sb[j] >> 23) & 0xFF) - 127
+                    ev = ev if ev > sum_emin else np.int32(sum_emin)
+                    x = sum_bits - ev
+                    x = x if x < 126 else 126
+                    sbits[j] = (127 + x) << 23
+                    ibits[j] = (127 - x) << 23
+                for j in range(n):
+                    y = s[j] * scale[j]
+                    y = np.rint(y) if sum_near else np.trunc(y)
+                    v = y * inv[j]
+                    c[j] = v if v != 0.0 else np.float32(0.0)  # +0, never -0
             for j in range(n):
-                tj = top[j] if top[j] > align_emin else np.int32(align_emin)
-                x = align_bits - tj
-                x = x if x < 126 else 126  # an all-zero step: any scale serves
-                sbits[j] = (127 + x) << 23
-                ibits[j] = (127 - x) << 23
-                s[j] = np.rint(c[j] * scale[j]) if align_near else np.trunc(c[j] * scale[j])
-            _add_terms(a, b, scale, s, i, g, terms, align_near, skip_zeros)
-            for j in range(n):
-                s[j] = s[j] * inv[j]  # the step's exact sum, a normal float32 or zero
-            for j in range(n):
-                ev = ((sb[j] >> 23) & 0xFF) - 127
-                ev = ev if ev > sum_emin else np.int32(sum_emin)
-                x = sum_bits - ev
-                x = x if x < 126 else 126
-                sbits[j] = (127 + x) << 23
-                ibits[j] = (127 - x) << 23
-            for j in range(n):
-                y = s[j] * scale[j]
-                y = np.rint(y) if sum_near else np.trunc(y)
-                v = y * inv[j]
-                c[j] = v if v != 0.0 else np.float32(0.0)  # +0, never -0
+                total[j] += c[j]  # float32, round to nearest, chains in order
         for j in range(n):
-            out[i, j] = c[j]
+            oq[i, j] = total[j]
 
 
 @njit(cache=True, parallel=True)
