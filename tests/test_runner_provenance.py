@@ -183,7 +183,7 @@ def test_the_report_says_when_rows_come_from_different_machines(tmp_path):
 def _tie(doc: dict, rerun_host: str, identical: bool = True) -> dict:
     return {"row": doc["row"], "identical": identical, "epochs": len(doc["epochs"]),
             "recorded": {"sha256": reruns.fingerprint(doc), "host": reruns.host(doc), "commit": "a" * 40},
-            "rerun": {"host": rerun_host, "commit": "a" * 40, "date": "2026-11-27"}}
+            "rerun": {"host": rerun_host, "commit": "a" * 40, "date": "2026-11-27", "train_time_s": 400.0}}
 
 
 def test_verify_reruns_that_reproduce_a_row_on_another_host_join_the_hosts(tmp_path):
@@ -219,3 +219,20 @@ def test_the_machine_record_names_the_cpu_generation_and_torchs_instruction_set(
     if "vendor_id" in cpuinfo:
         fam = next(line.split(":")[1].strip() for line in cpuinfo.splitlines() if line.startswith("cpu family"))
         assert m["cpu_id"].split()[1].split("/")[0] == fam
+
+
+def test_a_rows_time_is_over_fp32s_on_its_own_host():
+    """A row from another host is timed against FP32's verify rerun there; without one, against
+    FP32's own run, marked with a footnote."""
+    rec = results.read_result(Path(__file__).resolve().parents[1] / "results" / "cifar10-table" / "fp32.json")
+    one = dict(rec, git_commit="a" * 40, citable=True, train_time_s=200.0)
+    other = dict(one, row="fb24", train_time_s=800.0, machine=dict(rec["machine"], platform="Linux-other-host"))
+    res, there = {"fp32": one, "fb24": other}, reruns.host(other)
+    fb24 = lambda lines: next(line for line in lines if line.startswith("| `fb24`"))  # noqa: E731
+    timed = report.table_lines(res, matrix.ROWS, [_tie(one, there)])  # FP32 took 400 s there
+    assert "| 2.00x |" in fb24(timed) and not any(line.startswith("‡") for line in timed)
+    assert reruns.time_on(res, [_tie(one, there)], "fp32", there) == 400.0
+    assert reruns.time_on(res, [_tie(dict(one, epochs=one["epochs"][:1]), there)], "fp32", there) is None
+    untimed = report.table_lines(res, matrix.ROWS, [])
+    assert "| 4.00x ‡ |" in fb24(untimed) and any(line.startswith("‡: over FP32's time on another host")
+                                                   for line in untimed)

@@ -109,12 +109,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             if doc.exists() and not os.access(doc, os.W_OK):
                 raise ValueError(f"--doc {args.doc!r} is not writable")
             writable_dir(Path(args.img), "--img")
-            res = results.load_results(res_dir)
+            res, verified = results.load_results(res_dir), reruns.load(res_dir)
             out = report.render(args.table, res, rows, Path(args.doc), Path(args.img), res_dir.as_posix(), prof.name,
-                                reruns.load(res_dir))
+                                verified)
             print(f"wrote {out}")
             if not quick and args.table in SPLICED and report.splice(Path(SPLICED[args.table]), args.table, res, rows,
-                                                                     args.doc):
+                                                                     args.doc, verified):
                 print(f"updated its block in {SPLICED[args.table]}")
             return 0
         if args.action == "rerun-stale" and args.dry_run:

@@ -40,7 +40,9 @@ def _seeds_cell(values: list[float]) -> str:
     return f"{m:.2f}% [{lo:.2f}, {hi:.2f}] ({len(values)} seeds)"
 
 
-def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...]) -> list[str]:
+def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...], verified: list[dict] = ()) -> list[str]:
+    """The table's Markdown lines; a row's time is over FP32's on the row's own host
+    (``reruns.time_on``), or over FP32's own run, marked ‡, where FP32 was never timed there."""
     lines = ["| row | format | top-1 final (seed 0) | seeds: mean [min, max] | top-1 best | Δ to reference "
              "(means) | time / FP32 | notes |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
@@ -52,14 +54,22 @@ def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...]) -> list[str]
             continue
         mine, ref = top1s(res, r.name), top1s(res, r.reference)
         delta = summary(mine)[0] - summary(ref)[0] if ref and r.name != r.reference else None
-        ratio = d["train_time_s"] / fp32["train_time_s"] if fp32 and fp32["train_time_s"] else None
+        base = reruns.time_on(res, list(verified), "fp32", reruns.host(d))
+        other = base is None and fp32 is not None
+        base = fp32["train_time_s"] if other else base
+        ratio = d["train_time_s"] / base if base else None
+        far = other and ratio is not None
         mark = "" if d.get("citable") else " †"  # not from one clean commit
         lines.append(f"| `{r.name}`{mark} | {r.words} | {d['final_top1']:.2f}% | {_seeds_cell(mine)} | "
                      f"{d['best_top1']:.2f}% | {_fmt(delta, '+.2f')}{'' if delta is None else f' ({r.reference})'} | "
-                     f"{_fmt(ratio, '.2f', 'x')} | {_notes(d)} |")
+                     f"{_fmt(ratio, '.2f', 'x')}{' ‡' if far else ''} | {_notes(d)} |")
     if any(not d.get("citable") for d in res.values()):
         lines += ["", "†: not citable: run from a source tree with uncommitted changes, or over several commits "
                       "(rerun it from one clean commit: `python -m bfp.experiments run` refuses a dirty tree)."]
+    hosts = {reruns.host(d) for d in res.values()}
+    if any(reruns.time_on(res, list(verified), "fp32", h) is None for h in hosts) and "fp32" in res:
+        lines += ["", "‡: over FP32's time on another host (FP32 was not timed on this row's host; a `verify "
+                      "--row fp32` there times it), so the ratio carries the hosts' speed difference."]
     return lines
 
 
@@ -227,7 +237,8 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"{m.get('platform')}; Python "
                   f"{m.get('python')}, torch {v.get('torch')}, numba {v.get('numba')}, numpy {v.get('numpy')}; "
                   f"threads {any_doc['threads']}. Times are training-epoch times on a shared 2-core machine (load "
-                  "averages are in each result file), so their ratios are rough.", "",
+                  "averages are in each result file), so their ratios are rough; a row's time is divided by "
+                  "FP32's on the same host (FP32's own run, or a `verify` rerun of it there).", "",
                   ("Seeds: seed 0 for every row (this table's profile runs one seed)." if table != "cifar10-table"
                    else
                   f"Seeds: every row runs seed 0; the references (FP32, 8-worker FP32) and every row whose "
@@ -236,7 +247,7 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"difference only where the seeds' ranges say so: \"within {TOL:g} point\" needs |Δ| plus "
                   f"the two half-ranges at most {TOL:g}, \"loses more than {TOL:g}\" needs Δ plus them below "
                   f"-{TOL:g}; otherwise the claim is \"not resolved at this scale\"."), ""]
-    lines += ["## Table", "", *table_lines(res, rows), "",
+    lines += ["## Table", "", *table_lines(res, rows, verified), "",
               "Δ: the mean final top-1 over the row's seeds minus its reference's (FP32"
               + ("; for the all-reduce panel 8-worker FP32), in points. Claims below compare final top-1 with a "
                  f"tolerance of {TOL:g} point, using the seeds' spread." if table == "cifar10-table" else
@@ -284,7 +295,8 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
     return doc
 
 
-def splice(doc: Path, table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], page: str) -> bool:
+def splice(doc: Path, table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], page: str,
+           verified: list[dict] = ()) -> bool:
     """Replace the block between ``<!-- table:TABLE -->`` and ``<!-- /table:TABLE -->`` in ``doc``
     (a hand-written page such as docs/transformers.md) with ``table``'s rows rendered from its
     result files, its provenance and a link to its generated ``page``; False where ``doc`` has no
@@ -298,7 +310,7 @@ def splice(doc: Path, table: str, res: dict[str, dict], rows: tuple[matrix.Row, 
     block = [begin, f"*Rendered from `results/{table}/` by `python -m bfp.experiments report {table}`; do not edit "
                     f"this block by hand. Commands, setup and curves: [{Path(page).name}]({Path(page).name}).* "
                     + said + (f" Not run yet: {', '.join(missing)}." if missing else ""), "",
-             *table_lines(res, rows), end]
+             *table_lines(res, rows, verified), end]
     head, rest = text.split(begin, 1)
     doc.write_text(head + "\n".join(block) + rest.split(end, 1)[1], encoding="utf-8")
     return True

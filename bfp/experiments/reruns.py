@@ -5,7 +5,8 @@ hosts can sit in one table: torch's float32 kernels sum in an order that depends
 instruction set, e.g. AVX2 against AVX-512), so two hosts that report the same CPU name may or may
 not train to the same digits, and only a rerun says which. Each ``verify`` appends one line to
 ``results/<table>/verified.jsonl``: the row, whether it was identical, the recorded file's
-fingerprint (SHA-256 of its command and epochs) and host, and the rerun's host, commit and date.
+fingerprint (SHA-256 of its command and epochs), host and training time, and the rerun's host,
+commit, date and training time (``time_on``: a row's time is compared with FP32's on its own host).
 ``ties`` keeps the lines whose fingerprint still matches the row's current result file (a rerun
 of a row that has since been replaced proves nothing about the new one); the report uses them to
 say which hosts are shown to agree.
@@ -65,9 +66,10 @@ def verify(table: str, row, prof, data: str, res_dir: Path, runs_dir: Path) -> i
     with open(res_dir / LOG, "a") as f:
         f.write(json.dumps({"row": row.name, "identical": not diffs, "epochs": len(again["epochs"]),
                             "recorded": {"sha256": fingerprint(doc), "host": host(doc),
-                                         "commit": doc.get("git_commit")},
+                                         "commit": doc.get("git_commit"), "train_time_s": doc.get("train_time_s")},
                             "rerun": {"host": host(again), "commit": again.get("git_commit"),
-                                      "date": time.strftime("%Y-%m-%d", time.gmtime())}}) + "\n")
+                                      "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                                      "train_time_s": again.get("train_time_s")}}) + "\n")
     if diffs:
         print(f"{row.name}: DIFFERS from {path} (threads {doc['threads']}, seed {doc['seed']}, "
               f"machine {doc['machine'].get('cpu')}):\n  " + "\n  ".join(diffs))
@@ -101,3 +103,17 @@ def ties(res: dict[str, dict], records: list[dict]) -> list[dict]:
     """The identical reruns of rows whose current result file is the one that was rerun."""
     return [r for r in records if r["identical"] and r["row"] in res
             and r["recorded"].get("sha256") == fingerprint(res[r["row"]])]
+
+
+def time_on(res: dict[str, dict], records: list[dict], name: str, where: str) -> "float | None":
+    """Row ``name``'s training seconds on host ``where``: its own result's when it ran there, else
+    the latest ``verify`` rerun there of its current result file (identical or not: the same
+    command either way); None when neither exists."""
+    d = res.get(name)
+    if d is None:
+        return None
+    if host(d) == where:
+        return d.get("train_time_s")
+    times = [r["rerun"].get("train_time_s") for r in records if r["row"] == name and r["rerun"].get("host") == where
+             and r["recorded"].get("sha256") == fingerprint(d)]
+    return next((t for t in reversed(times) if t), None)
