@@ -46,7 +46,7 @@ def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...], verified: li
     lines = ["| row | format | top-1 final (seed 0) | seeds: mean [min, max] | top-1 best | Δ to reference "
              "(means) | time / FP32 | notes |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
-    fp32 = res.get("fp32")
+    fp32, any_far = res.get("fp32"), False
     for r in rows:
         d = res.get(r.name)
         if d is None:
@@ -59,6 +59,7 @@ def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...], verified: li
         base = fp32["train_time_s"] if other else base
         ratio = d["train_time_s"] / base if base else None
         far = other and ratio is not None
+        any_far = any_far or far
         mark = "" if d.get("citable") else " †"  # not from one clean commit
         lines.append(f"| `{r.name}`{mark} | {r.words} | {d['final_top1']:.2f}% | {_seeds_cell(mine)} | "
                      f"{d['best_top1']:.2f}% | {_fmt(delta, '+.2f')}{'' if delta is None else f' ({r.reference})'} | "
@@ -66,8 +67,7 @@ def table_lines(res: dict[str, dict], rows: tuple[matrix.Row, ...], verified: li
     if any(not d.get("citable") for d in res.values()):
         lines += ["", "†: not citable: run from a source tree with uncommitted changes, or over several commits "
                       "(rerun it from one clean commit: `python -m bfp.experiments run` refuses a dirty tree)."]
-    hosts = {reruns.host(d) for d in res.values()}
-    if any(reruns.time_on(res, list(verified), "fp32", h) is None for h in hosts) and "fp32" in res:
+    if any_far:
         lines += ["", "‡: over FP32's time on another host (FP32 was not timed on this row's host; a `verify "
                       "--row fp32` there times it), so the ratio carries the hosts' speed difference."]
     return lines

@@ -18,7 +18,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from . import results, runner
 
@@ -105,7 +105,7 @@ def ties(res: dict[str, dict], records: list[dict]) -> list[dict]:
             and r["recorded"].get("sha256") == fingerprint(res[r["row"]])]
 
 
-def time_on(res: dict[str, dict], records: list[dict], name: str, where: str) -> "float | None":
+def time_on(res: dict[str, dict], records: list[dict], name: str, where: str) -> Optional[float]:
     """Row ``name``'s training seconds on host ``where``: its own result's when it ran there, else
     the latest ``verify`` rerun there of its current result file (identical or not: the same
     command either way); None when neither exists."""
