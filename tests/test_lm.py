@@ -13,6 +13,7 @@ from bfp.cli import run_task
 from bfp.engine import checkpoint as ckpt
 from bfp.data.text import CORPUS_FILES, load_text
 from bfp.models.gpt import GPT
+from bfp.models.hf_gpt2 import HFGPT2
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
@@ -81,6 +82,45 @@ def test_lm_with_fp8_quantizes_the_attention_products(tmp_path, capsys):
     assert "blocks.0.attn.qk" in out and "blocks.0.attn.pv" in out
 
 
+def test_hf_gpt2_is_transformers_model_with_flattened_logits_and_samples():
+    """HFGPT2 is transformers' GPT2LMHeadModel of the given sizes (dropout 0): its logits, flattened;
+    it samples like GPT; bad sizes and a missing transformers are named."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    m = HFGPT2(13, block=8, dim=16, depth=2, heads=2, mlp_ratio=3).eval()
+    cfg = m.gpt2.config
+    assert isinstance(m.gpt2, transformers.GPT2LMHeadModel)
+    assert (cfg.vocab_size, cfg.n_positions, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_inner) == (13, 8, 16, 2, 2, 48)
+    assert cfg.resid_pdrop == cfg.embd_pdrop == cfg.attn_pdrop == 0.0
+    x = torch.randint(0, 13, (3, 8))
+    assert torch.equal(m(x), m.gpt2(input_ids=x).logits.reshape(24, 13))
+    out = m.generate(x[:1, :2], 10, generator=torch.Generator().manual_seed(1))
+    assert out.shape == (1, 12) and torch.equal(out[:, :2], x[:1, :2]) and int(out.max()) < 13
+    with pytest.raises(ValueError, match="HFGPT2 with block=8 got a sequence of 9 tokens"):
+        m(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="HFGPT2 dim 10 must be a multiple of heads 4"):
+        HFGPT2(5, dim=10, heads=4)
+    with pytest.raises(ValueError, match="HFGPT2 depth must be a positive integer, got 0"):
+        HFGPT2(5, depth=0)
+
+
+def test_hf_gpt2_without_transformers_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+    with pytest.raises(ValueError, match=r"-m HFGPT2 needs Hugging Face transformers: pip install transformers"):
+        HFGPT2(5)
+
+
+def test_lm_trains_hugging_face_gpt2_with_mxfp8_on_its_conv1d_and_attention(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    assert lm(*small(tmp_path, "-m", "hfgpt2", "--bfp", "any_mxfp8", "--training-epochs", "1",
+                     "--limit-train-images", "64", "--limit-test-images", "16", "--log", "True",
+                     "--run-name", "hf")) == 0
+    out = capsys.readouterr().out
+    assert "gpt2.transformer.h.0.attn.qk" in out and "QTransposedLinear" in out
+    assert "5 of 7 GEMMs quantized" in out and "sample:" in out
+    assert (tmp_path / "runs" / "hf" / "metrics.jsonl").is_file()
+
+
 def test_lm_resume_is_bit_exact(tmp_path, text_file):
     args = small(tmp_path, "--data", str(text_file), "--training-epochs", "2", "--save", "True",
                  "--save-interval", "1", "--limit-train-images", "48")
@@ -98,7 +138,7 @@ def test_lm_resume_is_bit_exact(tmp_path, text_file):
 
 @pytest.mark.parametrize("extra,message", [
     (["--block-size", "1"], "--block-size must be >= 2, got 1"),
-    (["--model", "ResNet18"], "allowed: GPT"),
+    (["--model", "ResNet18"], "allowed: GPT, HFGPT2"),
     (["--data", "/no/such.txt"], "/no/such.txt: no such file"),
     (["--model-opt", "width=4"], "does not take ['width']"),
     (["--dataset", "CIFAR10"], "allowed: pysrc"),

@@ -236,3 +236,17 @@ def test_a_rows_time_is_over_fp32s_on_its_own_host():
     untimed = report.table_lines(res, matrix.ROWS, [])
     assert "| 4.00x ‡ |" in fb24(untimed) and any(line.startswith("‡: over FP32's time on another host")
                                                    for line in untimed)
+
+
+def test_the_lm_tables_hugging_face_gpt2_rows_compare_with_their_own_fp32():
+    rows = {r.name: r for r in matrix.table("lm-table")}
+    assert rows["hf-gpt2"].flags == ("-m", "HFGPT2") and rows["hf-gpt2"].reference == "fp32"
+    assert rows["hf-gpt2-mxfp8"].reference == "hf-gpt2" and "--bfp" in rows["hf-gpt2-mxfp8"].flags
+    rec = results.read_result(Path(__file__).resolve().parents[1] / "results" / "lm-table" / "fp32.json")
+    epochs = lambda top1: [dict(rec["epochs"][-1], test_acc1=top1)]  # noqa: E731
+    res = {"fp32": rec,
+           "hf-gpt2": dict(rec, row="hf-gpt2", epochs=epochs(40.0), final_top1=40.0, best_top1=40.0),
+           "hf-gpt2-mxfp8": dict(rec, row="hf-gpt2-mxfp8", epochs=epochs(39.5), final_top1=39.5, best_top1=39.5)}
+    lines = report.table_lines(res, matrix.table("lm-table"))
+    line = next(x for x in lines if x.startswith("| `hf-gpt2-mxfp8`"))
+    assert "| -0.50 (hf-gpt2) |" in line

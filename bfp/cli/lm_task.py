@@ -19,6 +19,7 @@ import torch.nn as nn
 from ..engine.callbacks import Callback
 from ..data.text import load_text
 from ..models.gpt import GPT
+from ..models.hf_gpt2 import HFGPT2
 from .task_base import TaskHooks
 
 SAMPLE_PROMPT = "def "
@@ -61,7 +62,8 @@ class TextReport(Callback):
 
 
 class LMHooks(TaskHooks):
-    """Character-level language modelling: ``GPT`` on ``pysrc`` or ``--data FILE.txt``."""
+    """Character-level language modelling: ``GPT`` (or transformers' GPT-2, ``HFGPT2``) on ``pysrc`` or
+    ``--data FILE.txt``."""
 
     flag_spellings = {"dataset_path": "--data"}
 
@@ -82,8 +84,10 @@ class LMHooks(TaskHooks):
 
     def help_overrides(self) -> dict[str, str]:
         hide = argparse.SUPPRESS  # image-only flags
-        return {"model": "network: GPT (a character-level decoder; --model-opt dim=, depth=, heads=, mlp_ratio=)",
-                "model_opt": "constructor option of the GPT, repeatable: dim, depth, heads, mlp_ratio",
+        return {"model": "network: GPT (bfpsim's character-level decoder) or HFGPT2 (Hugging Face transformers' "
+                         "GPT2LMHeadModel of the same sizes, random init; needs transformers); --model-opt dim=, "
+                         "depth=, heads=, mlp_ratio=",
+                "model_opt": "constructor option of the decoder, repeatable: dim, depth, heads, mlp_ratio",
                 "dataset": "pysrc (the default corpus: Python standard-library source) or text (with --data)",
                 "dataset_path": hide, "in_channels": hide, "strict_images": hide, "gpu_data": hide,
                 "limit_train_images": "train on N windows of --block-size characters spread evenly over the "
@@ -94,9 +98,10 @@ class LMHooks(TaskHooks):
                 "batch_size_train": "windows per training step", "batch_size_test": "windows per evaluation batch"}
 
     def canonical_model(self, name: str) -> str:
-        if str(name).lower() != "gpt":
-            raise ValueError(f"--model {name!r}: lm.py trains a character-level decoder; allowed: GPT")
-        return "GPT"
+        models = {"gpt": "GPT", "hfgpt2": "HFGPT2"}
+        if str(name).lower() not in models:
+            raise ValueError(f"--model {name!r}: lm.py trains a character-level decoder; allowed: GPT, HFGPT2")
+        return models[str(name).lower()]
 
     def canonical_dataset(self, name: str) -> str:
         if str(name).lower() not in ("pysrc", "text"):
@@ -123,9 +128,9 @@ class LMHooks(TaskHooks):
         allowed = ("dim", "depth", "heads", "mlp_ratio")
         bad = sorted(set(opts) - set(allowed))
         if bad:
-            raise ValueError(f"model GPT does not take {bad}; its options: {', '.join(allowed)} "
+            raise ValueError(f"model {args.model} does not take {bad}; its options: {', '.join(allowed)} "
                              f"(the context is --block-size)")
-        return GPT(num_classes, block=args.block_size, **opts)
+        return (HFGPT2 if args.model == "HFGPT2" else GPT)(num_classes, block=args.block_size, **opts)
 
     def example_input(self, args: argparse.Namespace, in_channels: int) -> tuple[torch.Tensor, str]:
         return torch.zeros(2, args.block_size, dtype=torch.long), f"sequences of {args.block_size} characters"

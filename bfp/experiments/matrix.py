@@ -35,11 +35,13 @@ class Row:
     claim: str           # the panel it belongs to (CLAIMS)
     words: str           # the format in words, for the table
     flags: tuple[str, ...]
+    ref: str = ""        # the row it compares with, where not its panel's (below)
 
     @property
     def reference(self) -> str:
-        """The row its verdicts and deltas compare with: 8-worker FP32 for the all-reduce panel."""
-        return "w8-fp32" if self.claim == "seed001" else "fp32"
+        """The row its verdicts and deltas compare with: ``ref`` where given, else 8-worker FP32 for
+        the all-reduce panel and FP32 for the others."""
+        return self.ref or ("w8-fp32" if self.claim == "seed001" else "fp32")
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,12 @@ TRANSFORMER_ROWS = (
      ("--bfp", "any_fp8_h100_promoted")),
 )
 VIT_ROWS = tuple(Row(n, "vit", w, f) for n, w, f in TRANSFORMER_ROWS)
-LM_ROWS = tuple(Row(n, "lm", w, f) for n, w, f in TRANSFORMER_ROWS)
+# Hugging Face transformers' GPT-2 of the same size (lm.py -m HFGPT2: random init, dropout 0), FP32 and
+# MXFP8: the conversion of a real Hugging Face model (Conv1D projections, SDPA) in training.
+LM_ROWS = tuple(Row(n, "lm", w, f) for n, w, f in TRANSFORMER_ROWS) + (
+    Row("hf-gpt2", "lm", "Hugging Face GPT-2 (transformers' GPT2LMHeadModel, the same sizes), FP32", ("-m", "HFGPT2")),
+    Row("hf-gpt2-mxfp8", "lm", "Hugging Face GPT-2, OCP MXFP8 on every GEMM operand", ("-m", "HFGPT2", "--bfp",
+                                                                                       "any_mxfp8"), ref="hf-gpt2"))
 _VIT = ("-m", "ViT", "--model-opt", "dim=64", "--model-opt", "depth=4", "--model-opt", "heads=2", "-d", "CIFAR10",
         "--gpu-data", "True", "--batch-size-train", "128", "--optimizer", "adamw", "--optim-lr", "0.001",
         "--optim-weight-decay", "0.05", "--seed", "0")
