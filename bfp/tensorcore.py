@@ -156,7 +156,7 @@ def _gemm32(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, chains: lis
     a, b = a.float().contiguous(), b.float().contiguous()
     (nb, m, k), n = a.shape, b.shape[2]
     ea, eb = torch.empty(a.shape, dtype=torch.int32), torch.empty(b.shape, dtype=torch.int32)
-    for x, emin, e in ((a, acc.emins()[0], ea), (b, acc.emins()[1], eb)):
+    for x, emin, e in zip((a, b), acc.emins(), (ea, eb)):
         with threads_for(x.numel()):
             rows = (x.shape[0] * x.shape[1], x.shape[2])
             exponents32(x.view(rows).numpy(), emin, e.view(rows).numpy())
@@ -242,9 +242,7 @@ def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", back
     """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
     values) through ``acc`` (module docstring); float32 result. ``backend``: ``"kernel"`` (Numba:
     ``bfp.kernels.fused`` on the CPU, ``fused_cuda`` on CUDA tensors or under the CUDA simulator)
-    or ``"reference"`` (this module's float64 torch code), equal bit for bit."""
-    if backend not in ("kernel", "reference"):
-        raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
+    or ``"reference"`` (this module's float64 torch code), equal bit for bit (``fused_bmm`` checks it)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     return fused_bmm(a[None], b[None], acc, backend)[0]
