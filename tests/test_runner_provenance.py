@@ -216,9 +216,14 @@ def test_the_machine_record_names_the_cpu_generation_and_torchs_instruction_set(
     import torch
     assert m["isa"] == torch.backends.cpu.get_cpu_capability() and m["cores"] >= 1
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    if "vendor_id" in cpuinfo:
-        fam = next(line.split(":")[1].strip() for line in cpuinfo.splitlines() if line.startswith("cpu family"))
-        assert m["cpu_id"].split()[1].split("/")[0] == fam
+    if "vendor_id" in cpuinfo:  # the first processor's vendor family/model/stepping, read independently
+        first = {}
+        for line in cpuinfo.split("\n\n")[0].splitlines():
+            k, _, v = line.partition(":")
+            first[k.strip()] = v.strip()
+        assert m["cpu_id"] == (f"{first['vendor_id']} {first['cpu family']}/{first['model']}/"
+                               f"{first['stepping']}")
+        assert m["cpu"] == first["model name"]
 
 
 def test_a_rows_time_is_over_fp32s_on_its_own_host():

@@ -78,7 +78,7 @@ def machine() -> dict[str, Any]:
     cpu = fields.get("model name", cpu)
     cpu_id = (f"{fields['vendor_id']} {fields.get('cpu family')}/{fields.get('model')}/{fields.get('stepping')}"
               if "vendor_id" in fields else None)
-    isa = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", lambda: None)()
+    isa = torch.backends.cpu.get_cpu_capability()  # torch >= 2.1 (the project needs >= 2.3)
     return {"platform": platform.platform(), "cpu": cpu, "cpu_id": cpu_id, "isa": isa, "cores": os.cpu_count(),
             "python": platform.python_version()}
 
