@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from bfp.cli import run_task
+from bfp.cli.flags import build_parser
+from bfp.cli.param_flags import as_flags
+from bfp.cli.tasks import TASKS
 from bfp.engine import checkpoint as ckpt
 from bfp.data.text import CORPUS_FILES, load_text
 from bfp.models.gpt import GPT
@@ -106,8 +109,12 @@ def test_hf_gpt2_is_transformers_model_with_flattened_logits_and_samples():
 
 def test_hf_gpt2_without_transformers_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
-    with pytest.raises(ValueError, match=r"-m HFGPT2 needs Hugging Face transformers: pip install transformers"):
+    with pytest.raises(ValueError, match=r"`arch` 'HFGPT2' needs Hugging Face transformers: pip install transformers") as e:
         HFGPT2(5)
+    lm_task = TASKS["lm"]  # lm.py shows the parameter as its flag
+    shown = as_flags(str(e.value), {a.dest for a in build_parser(lm_task)._actions}, lm_task.hooks.flag_spellings)
+    assert shown == ("--model 'HFGPT2' needs Hugging Face transformers: pip install transformers "
+                     "(or the project's test extra '.[test]')")
 
 
 def test_lm_trains_hugging_face_gpt2_with_mxfp8_on_its_conv1d_and_attention(tmp_path, capsys):

@@ -27,8 +27,8 @@ class HFGPT2(Sampling, nn.Module):
         try:
             from transformers import GPT2Config, GPT2LMHeadModel
         except ImportError:
-            raise ValueError("-m HFGPT2 needs Hugging Face transformers: pip install transformers "
-                             "(or the project's test extra: pip install -e '.[test]')") from None
+            raise ValueError("`arch` 'HFGPT2' needs Hugging Face transformers: pip install transformers "
+                             "(or the project's test extra '.[test]')") from None
         cfg = GPT2Config(vocab_size=vocab, n_positions=block, n_embd=dim, n_layer=depth, n_head=heads,
                          n_inner=dim * mlp_ratio, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                          bos_token_id=0, eos_token_id=0, use_cache=False)
