@@ -71,6 +71,29 @@ def test_a_run_of_the_same_command_is_collected_without_training(tmp_path, monke
     assert started == [] and results.read_result(res / "fb12.json")["final_top1"] == 50.0
 
 
+def test_a_run_killed_before_its_first_checkpoint_restarts_and_is_not_called_resumed(tmp_path, monkeypatch, prof):
+    invoke, started = _fake_training(lambda name, seed: 50.0)
+    monkeypatch.setattr(runner, "_invoke", invoke)
+    runs, res = tmp_path / "runs", tmp_path / "res"
+    argv, log = matrix.command(ROWS["fb12"], prof, "DATA", str(runs), epochs=1), runs / ".fb12.invocations.jsonl"
+    (runs / "fb12").mkdir(parents=True)  # killed twice in its first epoch: a config, no metrics, no checkpoint
+    (runs / "fb12" / "config.json").write_text(json.dumps({"command": ["/x/cifar.py", *argv[1:]]}))
+    for n in (1, 2):
+        runner._log(log, {"argv": argv, "git_commit": f"killed{n}"})
+    (runs / "fb12.failed-1").mkdir()  # an older failure keeps its name; the log goes with its directory
+    assert runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=1, say=print)
+    doc = results.read_result(res / "fb12.json")
+    assert [i["git_commit"] for i in doc["invocations"]] == ["c0ffee"] and doc["resumed"] is False
+    assert report._notes(doc) == ""
+    assert (runs / "fb12.failed-2" / "config.json").is_file()
+    assert [json.loads(x)["git_commit"] for x in (runs / ".fb12.invocations.jsonl.failed-2").read_text().splitlines()] \
+        == ["killed1", "killed2"]
+    # a file written before this rule (resumed set by a second invocation) is read by its argv
+    assert not results.resumed({"resumed": True, "invocations": [{"argv": argv}, {"argv": argv}]})
+    assert results.resumed({"invocations": [{"argv": argv}, {"argv": ["cifar.py", "--resume", "runs/fb12"]}]})
+    assert report._notes({"invocations": [{"argv": ["cifar.py", "--resume", "x"]}]}) == "resumed"
+
+
 def test_seeds_run_for_references_and_close_rows_only(tmp_path, monkeypatch, prof):
     acc = {"fp32": 70.0, "fb24": 68.5, "fb12": 60.0}   # fb24 is 1.5 under: 0.5 from the threshold
     invoke, started = _fake_training(lambda name, seed: acc[name.split("-s")[0]] + seed / 10)

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from . import matrix, reruns
+from . import matrix, reruns, results
 
 from .spread import MARGIN, TOL, below, both, near, summary, top1s, verdict, yes_no
 
@@ -28,7 +28,7 @@ def _notes(doc: dict) -> str:
         out.append(f"mean bits {doc['mean_bits']:.2f}")
     if doc.get("skipped_steps") is not None:
         out.append(f"{doc['skipped_steps']} skipped steps")
-    if doc.get("resumed"):
+    if results.resumed(doc):
         out.append("resumed")
     return ", ".join(out)
 

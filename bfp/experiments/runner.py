@@ -9,8 +9,8 @@ as ``<row>-s1``, ``<row>-s2``):
   (``cifar.py --resume RUN_DIR -dp DATA``), bit for bit the run that was
   started (the engine's resume guarantee);
 * its run directory exists without a checkpoint (killed before the first
-  epoch ended): it is moved aside to ``<row>.failed-<n>`` (nothing is deleted)
-  and the row starts afresh;
+  epoch ended): it is moved aside to ``<row>.failed-<n>``, with its invocation
+  log (nothing is deleted), and the row starts afresh;
 * else the row's command runs.
 
 A run directory is resumed or collected only when its ``config.json`` records
@@ -20,7 +20,8 @@ finished all its epochs is collected into the result file
 (``bfp.experiments.results``). A row that fails is reported and the next one
 runs; the exit status is then 1. Every start and end of a ``cifar.py``
 process is logged in ``RUNS/.<row>.invocations.jsonl`` (argv, wall time,
-exit status, load average), so a row's result says how often it was resumed.
+exit status, load average), so a row's result says how often it was resumed
+(``results.resumed``: an invocation that is a ``--resume``).
 """
 from __future__ import annotations
 
@@ -158,13 +159,17 @@ def invocations(log: Path) -> list[dict]:
     return out
 
 
-def _set_aside(run_dir: Path, why: str = "failed") -> Path:
+def _set_aside(run_dir: Path, log: Path, why: str = "failed") -> Path:
+    """Move ``run_dir`` and its invocation log (where they exist) to ``<name>.<why>-<n>``, ``n`` the
+    first number neither name has; nothing is deleted. The log goes with its directory, so the
+    row's next run records only its own invocations (a restart from scratch is not "resumed")."""
     n = 1
-    while run_dir.with_name(f"{run_dir.name}.{why}-{n}").exists():
+    while any(p.with_name(f"{p.name}.{why}-{n}").exists() for p in (run_dir, log)):
         n += 1
-    target = run_dir.with_name(f"{run_dir.name}.{why}-{n}")
-    run_dir.rename(target)
-    return target
+    for p in (run_dir, log):
+        if p.exists():
+            p.rename(p.with_name(f"{p.name}.{why}-{n}"))
+    return run_dir.with_name(f"{run_dir.name}.{why}-{n}")
 
 
 def started_as(run_dir: Path) -> Optional[list[str]]:
@@ -203,18 +208,16 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
         why = command_mismatch(run_dir, argv)
         if why is not None:  # another row's flags, epochs or data: never collected nor resumed as this row
             say(f"  {run_dir} was not started by this row's command ({why}): moved to "
-                f"{_set_aside(run_dir, 'other-command')}")
-            if log.is_file():
-                log.rename(log.with_name(f"{log.name}.other-command"))
+                f"{_set_aside(run_dir, log, 'other-command')}")
     if len(results.read_metrics(run_dir)) < epochs:
         if (run_dir / "checkpoints" / "last.pt").is_file():
             say(f"  resuming {run_dir} ({len(results.read_metrics(run_dir))} of {epochs} epochs done)")
             data_args = [prof.data_flag, data] if prof.data_flag else []
             rc = _invoke([prof.script, "--resume", str(run_dir), *data_args, "--progress", "False"], log, say)
         else:
-            if run_dir.exists():
+            if run_dir.exists() or log.exists():
                 say(f"  {run_dir} has no checkpoint (killed in its first epoch): moved to "
-                    f"{_set_aside(run_dir)}")
+                    f"{_set_aside(run_dir, log)}")
             rc = _invoke(argv, log, say)
         if rc != 0:
             say(f"  {name}: {prof.script} exited with status {rc}; the row stays open (rerun to resume)")
