@@ -82,27 +82,38 @@ def has_image_extension(path: str) -> bool:
     return path.lower().endswith(EXTENSIONS)
 
 
-def _folder_class():
+def _image_folder_class():
     import torchvision
-    return torchvision.datasets.ImageFolder
+
+    class ImageFolder(torchvision.datasets.ImageFolder):
+        """torchvision's ``ImageFolder`` over ``EXTENSIONS`` decoding with ``load_rgb``;
+        ``dataset[i]`` is a ``(path, reason)`` marker when sample ``i`` cannot be read (``collate`` drops it)."""
+
+        def __init__(self, root: str, transform: Optional[Callable] = None):
+            super().__init__(str(root), transform=transform, loader=load_rgb, is_valid_file=has_image_extension)
+
+        def __getitem__(self, index: int) -> tuple:
+            path, target = self.samples[index]
+            try:
+                image = load_rgb(path)
+            except UnreadableImage as e:
+                return _Skipped(e.path, e.reason)
+            if self.transform is not None:
+                image = self.transform(image)
+            return image, target
+
+    ImageFolder.__qualname__ = "ImageFolder"  # pickled by name into DataLoader workers
+    return ImageFolder
 
 
-class ImageFolder(_folder_class()):
-    """torchvision's ``ImageFolder`` over ``EXTENSIONS`` decoding with ``load_rgb``;
-    ``dataset[i]`` is a ``(path, reason)`` marker when sample ``i`` cannot be read (``collate`` drops it)."""
-
-    def __init__(self, root: str, transform: Optional[Callable] = None):
-        super().__init__(str(root), transform=transform, loader=load_rgb, is_valid_file=has_image_extension)
-
-    def __getitem__(self, index: int) -> tuple:
-        path, target = self.samples[index]
-        try:
-            image = load_rgb(path)
-        except UnreadableImage as e:
-            return _Skipped(e.path, e.reason)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, target
+def __getattr__(name: str):
+    """``ImageFolder`` is made on first use: importing torchvision (and the torch._dynamo it
+    pulls in) takes a second or more, which every command that opens no image folder (``--help``,
+    configs, text data, digits) would otherwise pay at start-up."""
+    if name == "ImageFolder":
+        cls = globals()["ImageFolder"] = _image_folder_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Skipped(tuple):
