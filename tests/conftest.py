@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny, fast cifar.py job (digits, 4-channel ResNet10, a few images)."""
+import os
 import sys
 from pathlib import Path
 
@@ -7,6 +8,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker a core, at most 4. Each worker imports torch
+    and runs tests that start processes of their own; more would only share the same cores."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 @pytest.fixture
