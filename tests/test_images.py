@@ -91,3 +91,16 @@ def test_an_image_folder_with_other_test_classes_names_them(tmp_path):
     with pytest.raises(data.DataError, match=r"train/ and val/ class folders differ: only in train: "
                                              r"\['dog'\]; only in val: \['cow'\]"):
         data.load("imagefolder", str(tmp_path))
+
+
+def test_torchvision_is_imported_only_when_an_image_folder_is_opened():
+    import pickle
+    import subprocess
+    import sys
+    code = ("import sys, bfp.cli, bfp.cli.tasks; print('torchvision' in sys.modules); "
+            "from bfp.data.images import ImageFolder; print('torchvision' in sys.modules, ImageFolder.__mro__[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split("\n")[:2] == ["False", "True <class 'torchvision.datasets.folder.ImageFolder'>"]
+    assert pickle.loads(pickle.dumps(images.ImageFolder)) is images.ImageFolder  # DataLoader workers find it
+    with pytest.raises(AttributeError, match="module 'bfp.data.images' has no attribute 'Folder'"):
+        images.Folder
