@@ -186,3 +186,21 @@ def test_a_hand_written_page_gets_only_its_marked_block_rendered_from_the_result
     other = tmp_path / "plain.md"
     other.write_text("no block here\n")
     assert not report.splice(other, "vit-table", res, rows, "x.md") and other.read_text() == "no block here\n"
+
+
+def test_the_lm_block_gives_bits_per_character_and_each_rows_difference_to_its_reference(tmp_path):
+    import math
+    from bfp.experiments import matrix, report
+    page = tmp_path / "transformers.md"
+    page.write_text("<!-- table:lm-table -->\n<!-- /table:lm-table -->\nprose\n")
+    rows = matrix.table("lm-table")
+    doc = lambda top1, bits: {"final_top1": top1, "best_top1": top1, "train_time_s": 10.0, "citable": True,  # noqa: E731
+                              "git_commit": "b" * 40, "epochs": [{"test_loss": bits * math.log(2)}]}
+    res = {"fp32": doc(40.0, 3.0), "mxfp8": doc(39.0, 3.25), "hf-gpt2": doc(41.0, 3.5), "hf-gpt2-mxfp8": doc(40.5, 3.375)}
+    assert report.splice(page, "lm-table", res, rows, "docs/results-lm-table.md")
+    assert ("\n\nFinal test loss in bits per character (nats / ln 2; lower is better): `fp32` 3.000, "
+            "`mxfp8` 3.250 (+0.250 to fp32), `hf-gpt2` 3.500 (+0.500 to fp32), "
+            "`hf-gpt2-mxfp8` 3.375 (-0.125 to hf-gpt2).\n<!-- /table:lm-table -->\nprose\n") in page.read_text()
+    assert report.loss_lines("vit-table", {"fp32": doc(50.0, 1.0)}, matrix.table("vit-table")) == [
+        f"Final test loss (nats): `fp32` {math.log(2):.3f}."]
+    assert report.loss_lines("lm-table", {"fp32": {**doc(1.0, 1.0), "epochs": []}}, rows) == []

@@ -200,11 +200,26 @@ def _script(res: dict[str, dict], rows) -> str:
     return Path(cmd[0]).name if cmd else "cifar.py"
 
 
-def _loss(doc: dict, bits: bool) -> str:
-    loss = doc["epochs"][-1].get("test_loss")
-    if loss is None:
-        return "n/a"
-    return f"{loss / math.log(2):.3f}" if bits else f"{loss:.4f}"
+def _loss(doc: Optional[dict], bits: bool) -> Optional[float]:
+    """The last epoch's test loss (nats; bits when ``bits``), None when there is none."""
+    loss = doc["epochs"][-1].get("test_loss") if doc and doc["epochs"] else None
+    return None if loss is None else loss / math.log(2) if bits else loss
+
+
+def loss_lines(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...]) -> list[str]:
+    """The transformer tables' final test losses (lm-table: bits per character, its measure), each
+    with its difference to its row's reference; [] when no result has a test loss."""
+    bits = table == "lm-table"
+    have = [r for r in rows if _loss(res.get(r.name), bits) is not None]
+    if not have:
+        return []
+
+    def cell(r: matrix.Row) -> str:
+        mine, ref = _loss(res[r.name], bits), _loss(res.get(r.reference), bits)
+        diff = f" ({mine - ref:+.3f} to {r.reference})" if ref is not None and r.name != r.reference else ""
+        return f"`{r.name}` {mine:.3f}{diff}"
+    return ["Final test loss" + (" in bits per character (nats / ln 2; lower is better)" if bits else " (nats)")
+            + ": " + ", ".join(cell(r) for r in have) + "."]
 
 
 def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: Path, img: Path,
@@ -253,10 +268,8 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                  f"tolerance of {TOL:g} point, using the seeds' spread." if table == "cifar10-table" else
                  "), in points" + ("; top-1 is next-character accuracy" if table == "lm-table" else "") + "."), ""]
     if table != "cifar10-table":  # the transformer tables: measured, no seed's claim to check
-        if any("test_loss" in (d["epochs"][-1] if d["epochs"] else {}) for d in res.values()):
-            lines += ["Final test loss" + (" in bits per character (nats / ln 2)" if table == "lm-table" else "")
-                      + ": " + ", ".join(f"`{r.name}` {_loss(res[r.name], table == 'lm-table')}"
-                                         for r in rows if r.name in res) + ".", ""]
+        losses = loss_lines(table, res, rows)
+        lines += [*losses, ""] if losses else []
         png = plot_claim(res, list(rows), table, img / f"{table}.png")
         if png is not None:
             rel = Path("img") / png.name if doc.parent == img.parent else png
@@ -310,7 +323,8 @@ def splice(doc: Path, table: str, res: dict[str, dict], rows: tuple[matrix.Row, 
     block = [begin, f"*Rendered from `results/{table}/` by `python -m bfp.experiments report {table}`; do not edit "
                     f"this block by hand. Commands, setup and curves: [{Path(page).name}]({Path(page).name}).* "
                     + said + (f" Not run yet: {', '.join(missing)}." if missing else ""), "",
-             *table_lines(res, rows, verified), end]
+             *table_lines(res, rows, verified), *(["", *loss_lines(table, res, rows)] if table != "cifar10-table"
+                                                   else []), end]
     head, rest = text.split(begin, 1)
     doc.write_text(head + "\n".join(block) + rest.split(end, 1)[1], encoding="utf-8")
     return True
