@@ -13,7 +13,8 @@ if str(ROOT) not in sys.path:
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (pyproject's addopts): one worker a core, at most 4. Each worker imports torch
     and runs tests that start processes of their own; more would only share the same cores."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # not on macOS
+    return max(1, min(4, cores or 1))
 
 
 @pytest.fixture

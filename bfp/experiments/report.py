@@ -28,7 +28,7 @@ def _notes(doc: dict) -> str:
         out.append(f"mean bits {doc['mean_bits']:.2f}")
     if doc.get("skipped_steps") is not None:
         out.append(f"{doc['skipped_steps']} skipped steps")
-    if results.resumed(doc):
+    if results.resumed(doc.get("invocations")):
         out.append("resumed")
     return ", ".join(out)
 
@@ -320,11 +320,11 @@ def splice(doc: Path, table: str, res: dict[str, dict], rows: tuple[matrix.Row, 
         return False
     missing = [r.name for r in rows if r.name not in res]
     _, said = provenance(res) if res else (None, "No results yet.")
+    losses = loss_lines(table, res, rows) if table != "cifar10-table" else []
     block = [begin, f"*Rendered from `results/{table}/` by `python -m bfp.experiments report {table}`; do not edit "
                     f"this block by hand. Commands, setup and curves: [{Path(page).name}]({Path(page).name}).* "
                     + said + (f" Not run yet: {', '.join(missing)}." if missing else ""), "",
-             *table_lines(res, rows, verified), *(["", *loss_lines(table, res, rows)] if table != "cifar10-table"
-                                                   else []), end]
+             *table_lines(res, rows, verified), *(["", *losses] if losses else []), end]
     head, rest = text.split(begin, 1)
     doc.write_text(head + "\n".join(block) + rest.split(end, 1)[1], encoding="utf-8")
     return True

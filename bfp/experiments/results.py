@@ -93,11 +93,11 @@ def versions() -> dict[str, Optional[str]]:
     return out
 
 
-def resumed(doc: dict) -> bool:
-    """Whether a result's run went on from a checkpoint: one of its invocations is ``--resume``.
-    Read from the invocations, not the stored flag, which files before this rule set for any
+def resumed(invocations: Optional[list[dict]]) -> bool:
+    """Whether a result's run went on from a checkpoint: one of its ``invocations`` is ``--resume``.
+    Read from the invocations, not a file's stored flag, which files before this rule set for any
     second invocation (a first one killed before its first checkpoint made it a restart)."""
-    return any("--resume" in (i.get("argv") or []) for i in doc.get("invocations") or [])
+    return any("--resume" in (i.get("argv") or []) for i in invocations or [])
 
 
 def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invocations: list[dict],
@@ -112,7 +112,7 @@ def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invo
     return {
         "table": table, "row": name or row.name, "base_row": row.name, "claim": row.claim, "words": row.words,
         "profile": profile.name, "setup": profile.about,
-        "command": command, "resumed": resumed({"invocations": invocations}), "invocations": invocations,
+        "command": command, "resumed": resumed(invocations), "invocations": invocations,
         "git_commit": invocations[0].get("git_commit") if invocations else None,
         # citable: every invocation ran from one clean commit
         "citable": bool(invocations) and len({i.get("git_commit") for i in invocations}) == 1
