@@ -279,3 +279,47 @@ def test_the_lm_tables_hugging_face_gpt2_rows_compare_with_their_own_fp32():
     lines = report.table_lines(res, matrix.table("lm-table"))
     line = next(x for x in lines if x.startswith("| `hf-gpt2-mxfp8`"))
     assert "| -0.50 (hf-gpt2) |" in line
+
+
+def _unfinished(runs: Path, argv: list[str], commit: str) -> Path:
+    """A row's run killed after its first checkpoint, started by ``argv`` at ``commit``."""
+    run_dir = Path(argv[argv.index("--run-dir") + 1]) / argv[argv.index("--run-name") + 1]
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.pt").write_bytes(b"ckpt")
+    (run_dir / "config.json").write_text(json.dumps({"command": ["/x/cifar.py", *argv[1:]]}))
+    runner._log(runs / f".{run_dir.name}.invocations.jsonl", {"argv": argv, "git_commit": commit})
+    return run_dir
+
+
+def test_an_unfinished_run_goes_on_only_at_the_commit_it_started_at(tmp_path, monkeypatch, prof):
+    invoke, started = _fake_training(lambda name, seed: 50.0)
+    resumed = []
+    monkeypatch.setattr(runner, "_invoke", lambda argv, log, say: resumed.append(argv[1:3]) or 1
+                        if "--resume" in argv else invoke(argv, log, say))
+    monkeypatch.setattr(runner, "source_commit", lambda repo=runner.REPO: "c0ffee")
+    runs, res = tmp_path / "runs", tmp_path / "res"
+    argv = matrix.command(ROWS["fb12"], prof, "DATA", str(runs), epochs=2)
+    run_dir = _unfinished(runs, argv, "c0ffee")
+    assert not runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=2, say=print)
+    assert resumed == [["--resume", str(run_dir)]] and started == []   # same commit: resumed (it fails here)
+    resumed.clear()
+    import shutil
+    shutil.rmtree(run_dir)
+    (runs / ".fb12.invocations.jsonl").unlink()
+    _unfinished(runs, argv, "0ld0ne")
+    assert runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=2, say=print)
+    assert resumed == [] and started == ["fb12"]                       # another commit: trained afresh
+    assert (runs / "fb12.other-commit-1" / "checkpoints" / "last.pt").is_file()
+    assert results.read_result(res / "fb12.json")["citable"] is True
+
+
+def test_rerun_stale_keeps_the_run_directory_of_its_own_unfinished_rerun(tmp_path, prof):
+    res, runs = tmp_path / "res", tmp_path / "runs"
+    res.mkdir()
+    for name, commit in (("fb12", "h" * 40), ("fb16", "o" * 40), ("fb24", "h" * 40 + "+dirty")):
+        (res / f"{name}.json").write_text("{}")                        # the stale result (another commit)
+        _unfinished(runs, matrix.command(ROWS[name], prof, "DATA", str(runs), epochs=2), commit)
+    dest = stale.set_aside(["fb12", "fb16", "fb24"], res, runs, head="h" * 40)
+    assert sorted(p.name for p in dest.iterdir()) == [".fb16.invocations.jsonl", ".fb24.invocations.jsonl",
+                                                      "fb12.json", "fb16", "fb16.json", "fb24", "fb24.json"]
+    assert (runs / "fb12" / "checkpoints" / "last.pt").is_file() and (runs / ".fb12.invocations.jsonl").is_file()

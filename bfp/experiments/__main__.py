@@ -163,7 +163,7 @@ def rerun_stale(args, prof, chosen, data: Optional[str], res_dir: Path, runs_dir
         return 0
     runner.check_clean(False)  # before anything moves: the reruns must be citable
     if found:
-        print(f"set aside in {stale.set_aside(sorted(found), res_dir, runs_dir)}")
+        print(f"set aside in {stale.set_aside(sorted(found), res_dir, runs_dir, runner.source_commit())}")
     print(f"{args.table}, profile {prof.name}: {prof.about}\nresults -> {res_dir}, runs -> {runs_dir}")
     return runner.run(args.table, chosen, prof, data, res_dir, runs_dir, args.epochs)
 

@@ -7,7 +7,10 @@ as ``<row>-s1``, ``<row>-s2``):
 * ``results/<table>/<row>.json`` exists: the row is done and skipped;
 * its run directory has ``checkpoints/last.pt``: the killed run is resumed
   (``cifar.py --resume RUN_DIR -dp DATA``), bit for bit the run that was
-  started (the engine's resume guarantee);
+  started (the engine's resume guarantee), if it was started at the commit
+  the runner now stands at; an unfinished run of another commit is moved
+  aside to ``<row>.other-commit-<n>`` and the row starts afresh (a run of two
+  commits would not be citable);
 * its run directory exists without a checkpoint (killed before the first
   epoch ended): it is moved aside to ``<row>.failed-<n>``, with its invocation
   log (nothing is deleted), and the row starts afresh;
@@ -209,6 +212,12 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
         if why is not None:  # another row's flags, epochs or data: never collected nor resumed as this row
             say(f"  {run_dir} was not started by this row's command ({why}): moved to "
                 f"{_set_aside(run_dir, log, 'other-command')}")
+    if (run_dir / "checkpoints" / "last.pt").is_file() and len(results.read_metrics(run_dir)) < epochs:
+        other = sorted({str(i.get("git_commit")) for i in invocations(log)} - {str(source_commit())})
+        if other:  # a run goes on only at the commit it started at, so its result stays citable
+            shown = ", ".join(c[:12] + c[40:] for c in other)  # 12 digits, and "+dirty" where there
+            say(f"  {run_dir} was started at another commit ({shown}): moved to "
+                f"{_set_aside(run_dir, log, 'other-commit')}")
     if len(results.read_metrics(run_dir)) < epochs:
         if (run_dir / "checkpoints" / "last.pt").is_file():
             say(f"  resuming {run_dir} ({len(results.read_metrics(run_dir))} of {epochs} epochs done)")

@@ -5,7 +5,10 @@ commit is unknown, carried uncommitted changes (``+dirty``), is not in this repo
 from HEAD in a file the row depends on (``DEPENDS``: the library, the script, the package's
 metadata); with ``every=True``, whenever it is not HEAD at all (to rerun the whole table from one
 commit). ``set_aside`` moves a stale result and its run directory out of the runner's way (into
-``RUNS/stale/``; nothing is deleted), so ``run`` trains the row afresh at HEAD.
+``RUNS/stale/``; nothing is deleted), so ``run`` trains the row afresh at HEAD; a run directory
+that every invocation ran at HEAD stays, as that commit's own rerun, which ``run`` resumes or
+collects (a rerun killed at its second epoch is not thrown away when the stale file is found
+again).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine import logs
-from . import results
+from . import results, runner
 
 DEPENDS = ("bfp", "cifar.py", "pyproject.toml")
 
@@ -62,16 +65,20 @@ def find(results_dir: Path, repo: Path, every: bool = False) -> dict[str, str]:
     return out
 
 
-def set_aside(names: list[str], results_dir: Path, runs_dir: Path) -> Path:
+def set_aside(names: list[str], results_dir: Path, runs_dir: Path, head: Optional[str] = None) -> Path:
     """Move each stale result file and its run directory (and invocation log) into a new
-    ``runs_dir/stale/<n>/``; returns that folder."""
+    ``runs_dir/stale/<n>/``; returns that folder. A run directory whose invocations all ran at the
+    clean commit ``head`` stays where it is (module docstring)."""
     n = 1
     while (runs_dir / "stale" / str(n)).exists():
         n += 1
     dest = runs_dir / "stale" / str(n)
     dest.mkdir(parents=True)
     for name in names:
-        for src in (results_dir / f"{name}.json", runs_dir / name, runs_dir / f".{name}.invocations.jsonl"):
+        log = runs_dir / f".{name}.invocations.jsonl"
+        ran_at = {i.get("git_commit") for i in runner.invocations(log)}
+        keep = head is not None and ran_at == {head}
+        for src in (results_dir / f"{name}.json", *(() if keep else (runs_dir / name, log))):
             if src.exists():
                 src.rename(dest / src.name)
     return dest
