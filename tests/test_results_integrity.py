@@ -204,3 +204,16 @@ def test_the_lm_block_gives_bits_per_character_and_each_rows_difference_to_its_r
     assert report.loss_lines("vit-table", {"fp32": doc(50.0, 1.0)}, matrix.table("vit-table")) == [
         f"Final test loss (nats): `fp32` {math.log(2):.3f}."]
     assert report.loss_lines("lm-table", {"fp32": {**doc(1.0, 1.0), "epochs": []}}, rows) == []
+
+
+def test_the_readme_summary_quotes_only_numbers_of_the_generated_page():
+    """README's hand-written "What it found" paragraph may round, but every two-decimal number it
+    quotes (a top-1, a seed range) must be one the generated docs/RESULTS.md shows, so the summary
+    cannot keep the numbers of runs the table no longer holds."""
+    import re
+    readme = (ROOT / "README.md").read_text()
+    summary = readme[readme.index("What it found (ResNet10"):readme.index("Rerunning a row's printed command")]
+    page = (ROOT / "docs" / "RESULTS.md").read_text()
+    quoted = re.findall(r"(?<![\d.])\d+\.\d\d(?!\d)", summary)
+    assert len(quoted) >= 20
+    assert [q for q in quoted if q not in page] == []
