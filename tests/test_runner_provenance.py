@@ -323,3 +323,15 @@ def test_rerun_stale_keeps_the_run_directory_of_its_own_unfinished_rerun(tmp_pat
     assert sorted(p.name for p in dest.iterdir()) == [".fb16.invocations.jsonl", ".fb24.invocations.jsonl",
                                                       "fb12.json", "fb16", "fb16.json", "fb24", "fb24.json"]
     assert (runs / "fb12" / "checkpoints" / "last.pt").is_file() and (runs / ".fb12.invocations.jsonl").is_file()
+
+
+def test_a_reference_whose_seeds_span_more_than_twice_the_tolerance_is_named_as_leaving_near_open():
+    res = {"fp32": {"final_top1": 70.28}, "fp32-s1": {"final_top1": 68.31}, "fp32-s2": {"final_top1": 70.73},
+           "w8-fp32": {"final_top1": 69.32}, "w8-fp32-s1": {"final_top1": 69.0}, "w8-fp32-s2": {"final_top1": 70.9}}
+    said = spread.reference_too_noisy(res, ["fp32", "w8-fp32"])
+    assert said == ["`fp32`'s own 3 seeds span 2.42 points (68.31 to 70.73): half of that is more than the 1-point "
+                    "tolerance, so no \"within 1 point\" claim against `fp32` can be resolved at this scale, whatever "
+                    "the other row's seeds; \"loses more than 1\" claims still can be."]   # w8-fp32 spans 1.90
+    fp32 = spread.top1s(res, "fp32")
+    assert all(spread.near([x, x, x], fp32) == spread.UNRESOLVED for x in (69.0, 69.77, 70.5))
+    assert spread.below([60.0], fp32) is True

@@ -15,7 +15,8 @@ from typing import Optional
 
 from . import matrix, reruns, results
 
-from .spread import MARGIN, TOL, below, both, near, summary, top1s, verdict, yes_no
+from .spread import (MARGIN, TOL, below, both, near, reference_too_noisy, summary, top1s, verdict,
+                     yes_no)
 
 
 def _fmt(v: Optional[float], spec: str = ".2f", unit: str = "") -> str:
@@ -262,6 +263,9 @@ def render(table: str, res: dict[str, dict], rows: tuple[matrix.Row, ...], doc: 
                   f"difference only where the seeds' ranges say so: \"within {TOL:g} point\" needs |Δ| plus "
                   f"the two half-ranges at most {TOL:g}, \"loses more than {TOL:g}\" needs Δ plus them below "
                   f"-{TOL:g}; otherwise the claim is \"not resolved at this scale\"."), ""]
+        if table == "cifar10-table":
+            noisy = reference_too_noisy(res, list(dict.fromkeys(r.reference for r in rows)))
+            lines += [" ".join(noisy), ""] if noisy else []
     lines += ["## Table", "", *table_lines(res, rows, verified), "",
               "Δ: the mean final top-1 over the row's seeds minus its reference's (FP32"
               + ("; for the all-reduce panel 8-worker FP32), in points. Claims below compare final top-1 with a "

@@ -94,3 +94,18 @@ def needs_seeds(res: dict[str, dict], name: str, reference: str, references: set
         return None
     d = res[name]["final_top1"] - res[reference]["final_top1"]
     return min(abs(d - tol), abs(d + tol)) <= margin
+
+
+def reference_too_noisy(res: dict[str, dict], references: list[str], tol: float = TOL) -> list[str]:
+    """Sentences for each reference whose own seeds' half-range exceeds ``tol``: then ``near`` can
+    never say yes against it (|d| + s > tol whatever the other row's seeds), so every "within tol"
+    claim on it stays unresolved at this scale; a "more than tol under" claim still resolves."""
+    out = []
+    for ref in references:
+        v = top1s(res, ref)
+        if len(v) > 1 and (max(v) - min(v)) / 2 > tol:
+            out.append(f"`{ref}`'s own {len(v)} seeds span {max(v) - min(v):.2f} points ({min(v):.2f} to "
+                       f"{max(v):.2f}): half of that is more than the {tol:g}-point tolerance, so no \"within "
+                       f"{tol:g} point\" claim against `{ref}` can be resolved at this scale, whatever the other "
+                       f"row's seeds; \"loses more than {tol:g}\" claims still can be.")
+    return out
