@@ -43,6 +43,8 @@ def test_unknown_name_lists_known_ones():
     (lambda: Float(4, 3, overflow="wrap"), "unknown overflow 'wrap'"),
     (lambda: Float(4, 3, encoding="fn", overflow="inf"), "needs encoding='ieee'"),
     (lambda: Float(1, 3), "no normal numbers"),
+    (lambda: Float(8, 1, encoding="fn"), "Float(exp=8) with encoding='fn' reaches 2**128"),
+    (lambda: Float(8, 0, encoding="finite"), "use encoding='ieee' (emax 127) or exp <= 7"),
     (lambda: MX("float99"), "unknown format name 'float99'"),
     (lambda: MX(Float(4, 3), block=0), "block must be an integer"),
     (lambda: MX(Float(5, 10, overflow="inf")), "saturate"),

@@ -15,7 +15,7 @@ vectors = st.lists(finite32, min_size=1, max_size=64).map(lambda v: torch.tensor
 def floats_fmt(draw, roundings=("nearest", "truncate")):
     exp = draw(st.integers(2, 8))
     man = draw(st.integers(1, 23))
-    enc = draw(st.sampled_from(list(Encoding)))
+    enc = Encoding.IEEE if exp == 8 else draw(st.sampled_from(list(Encoding)))  # others pass float32's max
     return Float(exp, man, rounding=draw(st.sampled_from(roundings)),
                  subnormals=draw(st.booleans()), encoding=enc)
 

@@ -21,7 +21,9 @@ class Float(ElementFormat):
     Values: ``±2**e * (1 + m / 2**man)`` for normal exponents
     ``emin <= e <= emax`` and, with ``subnormals``, ``±2**emin * (m / 2**man)``;
     ``bias = 2**(exp-1) - 1`` and ``emin = 1 - bias``. The largest exponent and
-    magnitude depend on the ``encoding`` (see ``Encoding``).
+    magnitude depend on the ``encoding`` (see ``Encoding``). The simulated values are float32, so
+    ``exp=8`` needs ``encoding="ieee"`` (emax 127): the others would reach 2**128, which float32
+    cannot hold (saturation to such a max would give Inf).
 
     Numerics of ``quantize(x, Float(...))`` on float32 ``x``:
 
@@ -59,6 +61,10 @@ class Float(ElementFormat):
                              "use encoding='finite' (or 'fn') for a 1-bit exponent")
         if self.encoding is Encoding.FN and self.man < 1:
             raise ValueError("encoding='fn' needs man >= 1 (the all-ones mantissa is NaN)")
+        if self.exp == 8 and self.encoding is not Encoding.IEEE:  # emax 128: past float32's largest value
+            raise ValueError(f"Float(exp=8) with encoding={self.encoding.value!r} reaches 2**128 and above, "
+                             "which float32 (where the simulated values live) cannot hold; use "
+                             "encoding='ieee' (emax 127) or exp <= 7")
         if self.overflow is Overflow.INF and self.encoding is not Encoding.IEEE:
             raise ValueError(f"overflow='inf' needs encoding='ieee': encoding={self.encoding.value!r} "
                              "has no Inf; use overflow='saturate'")
