@@ -162,6 +162,11 @@ def invocations(log: Path) -> list[dict]:
     return out
 
 
+def ran_at(log: Path) -> set[str]:
+    """The commits (``+dirty`` kept) that a row's invocations ran at."""
+    return {str(i.get("git_commit")) for i in invocations(log)}
+
+
 def _set_aside(run_dir: Path, log: Path, why: str = "failed") -> Path:
     """Move ``run_dir`` and its invocation log (where they exist) to ``<name>.<why>-<n>``, ``n`` the
     first number neither name has; nothing is deleted. The log goes with its directory, so the
@@ -213,7 +218,7 @@ def run_row(table: str, row: matrix.Row, prof: matrix.Profile, data: str, result
             say(f"  {run_dir} was not started by this row's command ({why}): moved to "
                 f"{_set_aside(run_dir, log, 'other-command')}")
     if (run_dir / "checkpoints" / "last.pt").is_file() and len(results.read_metrics(run_dir)) < epochs:
-        other = sorted({str(i.get("git_commit")) for i in invocations(log)} - {str(source_commit())})
+        other = sorted(ran_at(log) - {str(source_commit())})
         if other:  # a run goes on only at the commit it started at, so its result stays citable
             shown = ", ".join(c[:12] + c[40:] for c in other)  # 12 digits, and "+dirty" where there
             say(f"  {run_dir} was started at another commit ({shown}): moved to "

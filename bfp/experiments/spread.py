@@ -41,9 +41,12 @@ def summary(values: list[float]) -> Optional[tuple[float, float, float]]:
     return (mean(values), min(values), max(values)) if values else None
 
 
+def _half(v: list[float]) -> float:
+    return (max(v) - min(v)) / 2
+
+
 def _diff(a: list[float], b: list[float]) -> tuple[float, float]:
-    half = lambda v: (max(v) - min(v)) / 2   # noqa: E731
-    return mean(a) - mean(b), half(a) + half(b)
+    return mean(a) - mean(b), _half(a) + _half(b)
 
 
 def near(a: list[float], b: list[float], tol: float = TOL) -> Check:
@@ -103,7 +106,7 @@ def reference_too_noisy(res: dict[str, dict], references: list[str], tol: float 
     out = []
     for ref in references:
         v = top1s(res, ref)
-        if len(v) > 1 and (max(v) - min(v)) / 2 > tol:
+        if len(v) > 1 and _half(v) > tol:
             out.append(f"`{ref}`'s own {len(v)} seeds span {max(v) - min(v):.2f} points ({min(v):.2f} to "
                        f"{max(v):.2f}): half of that is more than the {tol:g}-point tolerance, so no \"within "
                        f"{tol:g} point\" claim against `{ref}` can be resolved at this scale, whatever the other "

@@ -76,8 +76,7 @@ def set_aside(names: list[str], results_dir: Path, runs_dir: Path, head: Optiona
     dest.mkdir(parents=True)
     for name in names:
         log = runs_dir / f".{name}.invocations.jsonl"
-        ran_at = {i.get("git_commit") for i in runner.invocations(log)}
-        keep = head is not None and ran_at == {head}
+        keep = head is not None and runner.ran_at(log) == {head}
         for src in (results_dir / f"{name}.json", *(() if keep else (runs_dir / name, log))):
             if src.exists():
                 src.rename(dest / src.name)
