@@ -5,12 +5,13 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
-from bfp.experiments import matrix, results, runner
+from bfp.experiments import matrix, results, runner, spread
 from bfp.experiments.__main__ import main as experiments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,36 +236,28 @@ def test_hand_written_summaries_quote_only_recorded_numbers(doc, start, end):
     assert [q for q in quoted if q not in recorded] == []
 
 
-def _seeds(base: str, table: str = "cifar10-table", key: str = "final_top1") -> list[float]:
-    """``key`` (or, for "bits", the last epoch's test loss in bits) of every recorded seed of a row."""
-    files = sorted((ROOT / "results" / table).glob("*.json"))
-    docs = [d for d in map(json.loads, (f.read_text() for f in files)) if d["base_row"] == base]
-    assert docs, f"no result file for row {base!r} in {table}"
-    return [d["epochs"][-1]["test_loss"] / math.log(2) if key == "bits" else d[key] for d in docs]
-
-
-def _mean(base: str, table: str = "cifar10-table", key: str = "final_top1") -> float:
-    return sum(_seeds(base, table, key)) / len(_seeds(base, table, key))
-
 
 def test_worded_claims_follow_the_result_files():
     """The words around the quoted numbers ("loses 4 points", "within 2 points", "half a bit") are
     computed here from the result files' seed means, so a rerun that changes a verdict fails until
     the prose is changed with it."""
-    mean, spread = _mean, (lambda b: max(_seeds(b)) - min(_seeds(b)))
+    cnn, vit, lm = (results.load_results(ROOT / "results" / t) for t in ("cifar10-table", "vit-table", "lm-table"))
+    seeds = lambda b: spread.top1s(cnn, b)  # noqa: E731
+    mean = lambda b, res=cnn: statistics.mean(spread.top1s(res, b))  # noqa: E731
+    span = lambda b: max(seeds(b)) - min(seeds(b))  # noqa: E731
+    nats = lambda b: lm[b]["epochs"][-1]["test_loss"]  # noqa: E731
+    bits = lambda b: (nats(b) - nats("fp32")) / math.log(2)  # noqa: E731
     fp32 = mean("fp32")
     orders = [mean(f"w8-e4m3{o}") for o in ("", "-nccl-ring", "-nccl-tree", "-sequential", "-param-ring")]
     h100 = max(abs(mean("fp8") - mean(f"fp8-h100-{a}")) for a in ("fast", "promoted"))
-    vit, lm = (lambda b: mean(b, "vit-table")), (lambda b: mean(b, "lm-table"))
-    bits = lambda b: mean(b, "lm-table", "bits") - mean("fp32", "lm-table", "bits")  # noqa: E731
     claims = {
         "README.md": {
-            f"FP32's three seeds span {spread('fp32'):.1f} points": True,
+            f"FP32's three seeds span {span('fp32'):.1f} points": True,
             f"lose {fp32 - mean('fb12lg16'):.0f} and {fp32 - mean('fb12'):.0f} points": True,
             f"{mean('fb16-do') - mean('fb12'):.0f} points above FB12": True,
             f"e4m3 gradients lose {mean('w8-fp32') - mean('w8-e4m3'):.1f} points without APS": True,
             "The order of the additions moves e4m3 less than the seeds do":
-                max(orders) - min(orders) < spread("w8-e4m3"),
+                max(orders) - min(orders) < span("w8-e4m3"),
             f"Unscaled FP8 e4m3/e5m2 loses {fp32 - mean('fp8'):.0f} points": True,
             f"MXFP4 loses {fp32 - mean('mxfp4'):.0f} points": True,
             "within 2 points of FP32's mean": 0 < fp32 - mean("nvfp4") < 2,
@@ -277,10 +270,10 @@ def test_worded_claims_follow_the_result_files():
             "unscaled FP8 stalls after two epochs, half a bit behind": f"{bits('fp8'):.1f}" == "0.5",
             "recovers all but six hundredths of a bit": round(100 * bits("fp8-ls")) == 6,
             "Promotion moves them by a few tenths of a point":
-                0.1 <= abs(lm("fp8-h100-fast") - lm("fp8-h100-promoted")) < 1,
-            f"loses {vit('fp32') - vit('fp8'):.0f} points": True,
+                0.1 <= abs(mean("fp8-h100-fast", lm) - mean("fp8-h100-promoted", lm)) < 1,
+            f"loses {mean('fp32', vit) - mean('fp8', vit):.0f} points": True,
             f"unscaled FP8 loses about {fp32 - mean('fp8'):.0f} points there, MXFP8 nothing":
-                min(_seeds("fp32")) <= mean("mxfp8") <= max(_seeds("fp32")),
+                min(seeds("fp32")) <= mean("mxfp8") <= max(seeds("fp32")),
         },
     }
     for doc, said in claims.items():
