@@ -1,6 +1,7 @@
 """Result files are checked on load, not trusted: edited, truncated, binary, stray and foreign
 files are refused naming the file; a torn invocation log does not fail its row; output folders
 that cannot be written are refused before any work."""
+import copy
 import json
 import math
 import os
@@ -237,11 +238,13 @@ def test_hand_written_summaries_quote_only_recorded_numbers(doc, start, end):
 
 
 
-def test_worded_claims_follow_the_result_files():
-    """The words around the quoted numbers ("loses 4 points", "within 2 points", "half a bit") are
-    computed here from the result files' seed means, so a rerun that changes a verdict fails until
-    the prose is changed with it."""
-    cnn, vit, lm = (results.load_results(ROOT / "results" / t) for t in ("cifar10-table", "vit-table", "lm-table"))
+def _tables() -> dict[str, dict[str, dict]]:
+    return {t: results.load_results(ROOT / "results" / t) for t in ("cifar10-table", "vit-table", "lm-table")}
+
+
+def _worded_claims(tables: dict[str, dict[str, dict]]) -> dict[str, dict[str, bool]]:
+    """Per document, each worded verdict and whether the result files bear it out."""
+    cnn, vit, lm = tables["cifar10-table"], tables["vit-table"], tables["lm-table"]
     seeds = lambda b: spread.top1s(cnn, b)  # noqa: E731
     mean = lambda b, res=cnn: statistics.mean(spread.top1s(res, b))  # noqa: E731
     span = lambda b: max(seeds(b)) - min(seeds(b))  # noqa: E731
@@ -250,7 +253,7 @@ def test_worded_claims_follow_the_result_files():
     fp32 = mean("fp32")
     orders = [mean(f"w8-e4m3{o}") for o in ("", "-nccl-ring", "-nccl-tree", "-sequential", "-param-ring")]
     h100 = max(abs(mean("fp8") - mean(f"fp8-h100-{a}")) for a in ("fast", "promoted"))
-    claims = {
+    return {
         "README.md": {
             f"FP32's three seeds span {span('fp32'):.1f} points": True,
             f"lose {fp32 - mean('fb12lg16'):.0f} and {fp32 - mean('fb12'):.0f} points": True,
@@ -276,6 +279,48 @@ def test_worded_claims_follow_the_result_files():
                 min(seeds("fp32")) <= mean("mxfp8") <= max(seeds("fp32")),
         },
     }
-    for doc, said in claims.items():
+
+
+def test_worded_claims_follow_the_result_files():
+    """The words around the quoted numbers ("loses 4 points", "within 2 points", "half a bit") are
+    computed here from the result files' seed means, so a rerun that changes a verdict fails until
+    the prose is changed with it."""
+    for doc, said in _worded_claims(_tables()).items():
         text = " ".join((ROOT / doc).read_text().split())
         assert {claim: claim in text and holds for claim, holds in said.items()} == dict.fromkeys(said, True)
+
+
+# README and docs/transformers.md word the CNN table's H100 verdict twice, on one condition.
+H100 = ("sit with unscaled FP8", "puts the tensor-core model's cost there under 1.4 points")
+
+
+@pytest.mark.parametrize("table, row, field, delta, claim", [
+    ("cifar10-table", "nvfp4", "final_top1", -2.0, "within 2 points of FP32's mean"),
+    ("cifar10-table", "fp16grad", "final_top1", -3.0, "end less than a point under FP32's mean"),
+    ("cifar10-table", "w8-e4m3-sequential", "final_top1", -6.0,
+     "The order of the additions moves e4m3 less than the seeds do"),
+    ("cifar10-table", "fp8-h100-fast", "final_top1", -4.5, H100),
+    ("cifar10-table", "fp8-h100-promoted", "final_top1", 4.5, H100),
+    ("cifar10-table", "mxfp8", "final_top1", -6.0, "unscaled FP8 loses about 10 points there, MXFP8 nothing"),
+    ("cifar10-table", "mxfp8", "final_top1", 9.0, "unscaled FP8 loses about 10 points there, MXFP8 nothing"),
+    ("lm-table", "fp8-h100-fast", "final_top1", -1.0, "Promotion moves them by a few tenths of a point"),
+    ("lm-table", "fp8-h100-promoted", "final_top1", -0.31, "Promotion moves them by a few tenths of a point"),
+    ("lm-table", "nvfp4", "test_loss", 0.05, "MXFP8 and NVFP4 end within a few hundredths of a bit of FP32"),
+    ("lm-table", "fp8", "test_loss", 0.1, "unscaled FP8 stalls after two epochs, half a bit behind"),
+    ("lm-table", "fp8-ls", "test_loss", 0.01, "recovers all but six hundredths of a bit"),
+])
+def test_a_worded_claim_fails_when_its_row_moves(table, row, field, delta, claim):
+    """The boolean verdicts are not vacuous: moving one recorded row by ``delta`` (its seed-0 top-1,
+    or its last test loss in nats) turns exactly the named claim (or both wordings of one verdict)
+    false and leaves the rest as they were."""
+    claims = {claim} if isinstance(claim, str) else set(claim)
+    tables = _tables()
+    before = {c: h for said in _worded_claims(tables).values() for c, h in said.items()}
+    moved = copy.deepcopy(tables[table][row])
+    if field == "final_top1":
+        moved["final_top1"] += delta
+    else:
+        moved["epochs"][-1]["test_loss"] += delta
+    tables[table] = {**tables[table], row: moved}
+    after = {c: h for said in _worded_claims(tables).values() for c, h in said.items()}
+    assert all(before[c] for c in claims) and {c for c in before if before[c] != after[c]} == claims
