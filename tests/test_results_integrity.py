@@ -237,8 +237,9 @@ def test_hand_written_summaries_quote_only_recorded_numbers(doc, start, end):
     assert [q for q in quoted if q not in recorded] == []
 
 
-
-def _tables() -> dict[str, dict[str, dict]]:
+@pytest.fixture(scope="module")
+def recorded_tables() -> dict[str, dict[str, dict]]:
+    """The committed result files of every table, loaded (and so checked) once; not to be changed."""
     return {t: results.load_results(ROOT / "results" / t) for t in ("cifar10-table", "vit-table", "lm-table")}
 
 
@@ -253,8 +254,11 @@ def _worded_claims(tables: dict[str, dict[str, dict]]) -> dict[str, dict[str, bo
     fp32 = mean("fp32")
     orders = [mean(f"w8-e4m3{o}") for o in ("", "-nccl-ring", "-nccl-tree", "-sequential", "-param-ring")]
     h100 = max(abs(mean("fp8") - mean(f"fp8-h100-{a}")) for a in ("fast", "promoted"))
+    commit = cnn["fp32"]["git_commit"]
     return {
         "README.md": {
+            f"all {len(cnn)} runs from one clean commit, {commit[:7]}":
+                all(r["git_commit"] == commit and r["citable"] is True for r in cnn.values()),
             f"FP32's three seeds span {span('fp32'):.1f} points": True,
             f"lose {fp32 - mean('fb12lg16'):.0f} and {fp32 - mean('fb12'):.0f} points": True,
             f"{mean('fb16-do') - mean('fb12'):.0f} points above FB12": True,
@@ -281,46 +285,53 @@ def _worded_claims(tables: dict[str, dict[str, dict]]) -> dict[str, dict[str, bo
     }
 
 
-def test_worded_claims_follow_the_result_files():
+def test_worded_claims_follow_the_result_files(recorded_tables):
     """The words around the quoted numbers ("loses 4 points", "within 2 points", "half a bit") are
     computed here from the result files' seed means, so a rerun that changes a verdict fails until
     the prose is changed with it."""
-    for doc, said in _worded_claims(_tables()).items():
+    for doc, said in _worded_claims(recorded_tables).items():
         text = " ".join((ROOT / doc).read_text().split())
         assert {claim: claim in text and holds for claim, holds in said.items()} == dict.fromkeys(said, True)
 
 
+def _top1(delta):
+    return lambda r: r.update(final_top1=r["final_top1"] + delta)
+
+
+def _loss(delta):
+    return lambda r: r["epochs"][-1].update(test_loss=r["epochs"][-1]["test_loss"] + delta)
+
+
 # README and docs/transformers.md word the CNN table's H100 verdict twice, on one condition.
 H100 = ("sit with unscaled FP8", "puts the tensor-core model's cost there under 1.4 points")
+ONE_COMMIT = "all 79 runs from one clean commit, e7797b4"
 
 
-@pytest.mark.parametrize("table, row, field, delta, claim", [
-    ("cifar10-table", "nvfp4", "final_top1", -2.0, "within 2 points of FP32's mean"),
-    ("cifar10-table", "fp16grad", "final_top1", -3.0, "end less than a point under FP32's mean"),
-    ("cifar10-table", "w8-e4m3-sequential", "final_top1", -6.0,
+@pytest.mark.parametrize("name, row, move, claim", [
+    ("cifar10-table", "nvfp4", _top1(-2.0), "within 2 points of FP32's mean"),
+    ("cifar10-table", "fp16grad", _top1(-3.0), "end less than a point under FP32's mean"),
+    ("cifar10-table", "w8-e4m3-sequential", _top1(-6.0),
      "The order of the additions moves e4m3 less than the seeds do"),
-    ("cifar10-table", "fp8-h100-fast", "final_top1", -4.5, H100),
-    ("cifar10-table", "fp8-h100-promoted", "final_top1", 4.5, H100),
-    ("cifar10-table", "mxfp8", "final_top1", -6.0, "unscaled FP8 loses about 10 points there, MXFP8 nothing"),
-    ("cifar10-table", "mxfp8", "final_top1", 9.0, "unscaled FP8 loses about 10 points there, MXFP8 nothing"),
-    ("lm-table", "fp8-h100-fast", "final_top1", -1.0, "Promotion moves them by a few tenths of a point"),
-    ("lm-table", "fp8-h100-promoted", "final_top1", -0.31, "Promotion moves them by a few tenths of a point"),
-    ("lm-table", "nvfp4", "test_loss", 0.05, "MXFP8 and NVFP4 end within a few hundredths of a bit of FP32"),
-    ("lm-table", "fp8", "test_loss", 0.1, "unscaled FP8 stalls after two epochs, half a bit behind"),
-    ("lm-table", "fp8-ls", "test_loss", 0.01, "recovers all but six hundredths of a bit"),
+    ("cifar10-table", "fp8-h100-fast", _top1(-4.5), H100),
+    ("cifar10-table", "fp8-h100-promoted", _top1(4.5), H100),
+    ("cifar10-table", "mxfp8", _top1(-6.0), "unscaled FP8 loses about 10 points there, MXFP8 nothing"),
+    ("cifar10-table", "mxfp8", _top1(9.0), "unscaled FP8 loses about 10 points there, MXFP8 nothing"),
+    ("cifar10-table", "fp8", lambda r: r.update(git_commit="b7836af001f32568fed44746692996b568a151e9"), ONE_COMMIT),
+    ("cifar10-table", "mxfp4", lambda r: r.update(citable=False), ONE_COMMIT),
+    ("lm-table", "fp8-h100-fast", _top1(-1.0), "Promotion moves them by a few tenths of a point"),
+    ("lm-table", "fp8-h100-promoted", _top1(-0.31), "Promotion moves them by a few tenths of a point"),
+    ("lm-table", "nvfp4", _loss(0.05), "MXFP8 and NVFP4 end within a few hundredths of a bit of FP32"),
+    ("lm-table", "fp8", _loss(0.1), "unscaled FP8 stalls after two epochs, half a bit behind"),
+    ("lm-table", "fp8-ls", _loss(0.01), "recovers all but six hundredths of a bit"),
 ])
-def test_a_worded_claim_fails_when_its_row_moves(table, row, field, delta, claim):
-    """The boolean verdicts are not vacuous: moving one recorded row by ``delta`` (its seed-0 top-1,
-    or its last test loss in nats) turns exactly the named claim (or both wordings of one verdict)
+def test_a_worded_claim_fails_when_its_row_moves(recorded_tables, name, row, move, claim):
+    """The boolean verdicts are not vacuous: moving one recorded row (its seed-0 top-1, its last test
+    loss in nats, or its provenance) turns exactly the named claim (or both wordings of one verdict)
     false and leaves the rest as they were."""
     claims = {claim} if isinstance(claim, str) else set(claim)
-    tables = _tables()
-    before = {c: h for said in _worded_claims(tables).values() for c, h in said.items()}
-    moved = copy.deepcopy(tables[table][row])
-    if field == "final_top1":
-        moved["final_top1"] += delta
-    else:
-        moved["epochs"][-1]["test_loss"] += delta
-    tables[table] = {**tables[table], row: moved}
-    after = {c: h for said in _worded_claims(tables).values() for c, h in said.items()}
+    moved = copy.deepcopy(recorded_tables[name][row])
+    move(moved)
+    tables = {**recorded_tables, name: {**recorded_tables[name], row: moved}}
+    before, after = ({c: h for said in _worded_claims(t).values() for c, h in said.items()}
+                     for t in (recorded_tables, tables))
     assert all(before[c] for c in claims) and {c for c in before if before[c] != after[c]} == claims
