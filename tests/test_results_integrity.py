@@ -128,7 +128,7 @@ def test_a_full_table_is_refused_from_a_dirty_tree_and_a_second_runner_is_refuse
     assert not (tmp_path / "runs").exists()  # refused before anything
     monkeypatch.setattr(runner, "dirty_paths", lambda repo=None: [])
     with runner.table_lock(tmp_path / "runs"):
-        with pytest.raises(ValueError, match=f"another runner is working on .*runs \\(pid {os.getpid()}\\)"):
+        with pytest.raises(ValueError, match=f"another runner is working on .*runs \\(--runs; pid {os.getpid()}\\)"):
             with runner.table_lock(tmp_path / "runs"):
                 pass
     with runner.table_lock(tmp_path / "runs"):  # released: the next runner gets it
@@ -142,8 +142,10 @@ def test_citable_only_when_every_invocation_ran_from_one_clean_commit():
     def doc(commits):
         return results.collect(Path("/nonexistent"), table="t", row=row, profile=prof, command=["cifar.py"],
                                invocations=[{"git_commit": c} for c in commits])
-    assert doc(["abc"])["citable"] and not doc(["abc+dirty"])["citable"]
-    assert not doc(["abc", "def"])["citable"] and not doc([])["citable"]
+    a, b = "a" * 40, "b" * 40
+    assert doc([a])["citable"] and not doc([a + "+dirty"])["citable"]
+    assert not doc([a, b])["citable"] and not doc([])["citable"]
+    assert not doc(["HEAD"])["citable"] and not doc([None])["citable"]  # not a commit, or outside git
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

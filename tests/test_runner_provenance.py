@@ -29,7 +29,7 @@ def _fake_training(top1_of):
             for e in range(int(flag("--training-epochs"))):
                 f.write(json.dumps({"epoch": e, "global_step": e + 1, "train_loss": 1.0, "test_acc1": top1,
                                     "epoch_time_s": 1.0}) + "\n")
-        runner._log(log, {"argv": argv, "git_commit": "c0ffee"})
+        runner._log(log, {"argv": argv, "git_commit": "c0ffee" * 6 + "c0ff"})
         started.append(flag("--run-name"))
         return 0
     return invoke, started
@@ -83,7 +83,7 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_and_is_not_called_res
     (runs / "fb12.failed-1").mkdir()  # an older failure keeps its name; the log goes with its directory
     assert runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=1, say=print)
     doc = results.read_result(res / "fb12.json")
-    assert [i["git_commit"] for i in doc["invocations"]] == ["c0ffee"] and doc["resumed"] is False
+    assert [i["git_commit"] for i in doc["invocations"]] == ["c0ffee" * 6 + "c0ff"] and doc["resumed"] is False
     assert report._notes(doc) == ""
     assert (runs / "fb12.failed-2" / "config.json").is_file()
     assert [json.loads(x)["git_commit"] for x in (runs / ".fb12.invocations.jsonl.failed-2").read_text().splitlines()] \
@@ -296,17 +296,17 @@ def test_an_unfinished_run_goes_on_only_at_the_commit_it_started_at(tmp_path, mo
     resumed = []
     monkeypatch.setattr(runner, "_invoke", lambda argv, log, say: resumed.append(argv[1:3]) or 1
                         if "--resume" in argv else invoke(argv, log, say))
-    monkeypatch.setattr(runner, "source_commit", lambda repo=runner.REPO: "c0ffee")
+    monkeypatch.setattr(runner, "source_commit", lambda repo=runner.REPO: "c0ffee" * 6 + "c0ff")
     runs, res = tmp_path / "runs", tmp_path / "res"
     argv = matrix.command(ROWS["fb12"], prof, "DATA", str(runs), epochs=2)
-    run_dir = _unfinished(runs, argv, "c0ffee")
+    run_dir = _unfinished(runs, argv, "c0ffee" * 6 + "c0ff")
     assert not runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=2, say=print)
     assert resumed == [["--resume", str(run_dir)]] and started == []   # same commit: resumed (it fails here)
     resumed.clear()
     import shutil
     shutil.rmtree(run_dir)
     (runs / ".fb12.invocations.jsonl").unlink()
-    _unfinished(runs, argv, "0ld0ne")
+    _unfinished(runs, argv, "0ld0e" * 8)
     assert runner.run_row("cifar10-table", ROWS["fb12"], prof, "DATA", res, runs, epochs=2, say=print)
     assert resumed == [] and started == ["fb12"]                       # another commit: trained afresh
     assert (runs / "fb12.other-commit-1" / "checkpoints" / "last.pt").is_file()

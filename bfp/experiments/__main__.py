@@ -105,11 +105,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             args.doc = args.doc or (str(runs_dir / "RESULTS.md") if quick else published)
             args.img = args.img or (str(runs_dir / "img") if quick else "docs/img")
             doc = Path(args.doc)
+            if doc.is_dir():
+                raise ValueError(f"--doc {args.doc!r} is a folder; give the Markdown file to write (e.g. "
+                                 f"{(doc / 'RESULTS.md').as_posix()})")
             writable_dir(doc.parent if str(doc.parent) else Path("."), "--doc")
             if doc.exists() and not os.access(doc, os.W_OK):
                 raise ValueError(f"--doc {args.doc!r} is not writable")
             writable_dir(Path(args.img), "--img")
-            res, verified = results.load_results(res_dir), reruns.load(res_dir)
+            res, verified = results.load_results(res_dir, args.table, prof.name), reruns.load(res_dir)
             out = report.render(args.table, res, rows, Path(args.doc), Path(args.img), res_dir.as_posix(), prof.name,
                                 verified)
             print(f"wrote {out}")
@@ -153,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def rerun_stale(args, prof, chosen, data: Optional[str], res_dir: Path, runs_dir: Path) -> int:
     """Set aside the stale results (``stale.find``) of the chosen rows and rerun them from HEAD."""
     names = {r.name for r in chosen}
-    found = {k: why for k, why in stale.find(res_dir, runner.REPO, args.all).items()
+    found = {k: why for k, why in stale.find(res_dir, runner.REPO, args.all, args.table).items()
              if matrix.base_name(k) in names}
     for k, why in sorted(found.items()):
         print(f"stale: {k}: {why}")

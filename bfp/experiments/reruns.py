@@ -55,27 +55,43 @@ def verify(table: str, row, prof, data: str, res_dir: Path, runs_dir: Path) -> i
     path = res_dir / f"{row.name}.json"
     if not path.is_file():
         raise ValueError(f"no recorded result {path} to verify against; run the row first")
-    doc = results.read_result(path)  # checked: its summary agrees with its own epochs
+    doc = results.read_result(path, table, prof.name)  # checked: its summary agrees with its own epochs
+    was = data_of(doc["command"], prof.data_flag)
+    same = (was or "") == (data or "")
+    if not same:
+        print(f"note: {row.name} was recorded reading {prof.data_flag} {was}; this rerun reads {data}: if the "
+              f"images differ, so will the numbers")
     scratch = runs_dir / ".verify"
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    if not runner.run_row(table, row, prof, data, scratch / "results", scratch, len(doc["epochs"])):
-        return 1
-    again = results.read_result(scratch / "results" / f"{row.name}.json")
+    with runner.table_lock(runs_dir, res_dir):
+        if scratch.exists():
+            shutil.rmtree(scratch)
+        if not runner.run_row(table, row, prof, data, scratch / "results", scratch, len(doc["epochs"])):
+            return 1
+    again = results.read_result(scratch / "results" / f"{row.name}.json", table, prof.name)
     diffs = differences(doc, again)
     with open(res_dir / LOG, "a") as f:
         f.write(json.dumps({"row": row.name, "identical": not diffs, "epochs": len(again["epochs"]),
                             "recorded": {"sha256": fingerprint(doc), "host": host(doc),
                                          "commit": doc.get("git_commit"), "train_time_s": doc.get("train_time_s")},
+                            "data": {"recorded": was, "rerun": data, "same": same},
                             "rerun": {"host": host(again), "commit": again.get("git_commit"),
                                       "date": time.strftime("%Y-%m-%d", time.gmtime()),
                                       "train_time_s": again.get("train_time_s")}}) + "\n")
     if diffs:
         print(f"{row.name}: DIFFERS from {path} (threads {doc['threads']}, seed {doc['seed']}, "
-              f"machine {doc['machine'].get('cpu')}):\n  " + "\n  ".join(diffs))
+              f"machine {doc['machine'].get('cpu')}"
+              + (f"; the rerun read other data: {data}, recorded {was}" if not same else "")
+              + "):\n  " + "\n  ".join(diffs))
         return 1
     print(f"{row.name}: identical to {path}: {len(again['epochs'])} epochs of {', '.join(KEYS)}")
     return 0
+
+
+def data_of(command: list[str], flag: Optional[str]) -> Optional[str]:
+    """The data folder a row's command reads (the value of its ``flag``), None without one."""
+    if flag is None or flag not in command[:-1]:
+        return None
+    return command[command.index(flag) + 1]
 
 
 def load(res_dir: Path) -> list[dict[str, Any]]:

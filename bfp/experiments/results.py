@@ -20,6 +20,9 @@ from typing import Any, Optional
 import torch
 
 from ..engine import logs
+from .validate import ResultError, check, citable
+
+__all__ = ["collect", "load_results", "read_result", "write_json", "ResultError", "check", "resumed"]
 
 EPOCH_KEYS = ("epoch", "global_step", "train_loss", "train_acc1", "test_loss", "test_acc1", "test_acc5",
               "lr", "epoch_time_s", "images_per_s", "skipped_steps", "loss_scale")
@@ -114,9 +117,7 @@ def collect(run_dir: Path, *, table: str, row, profile, command: list[str], invo
         "profile": profile.name, "setup": profile.about,
         "command": command, "resumed": resumed(invocations), "invocations": invocations,
         "git_commit": invocations[0].get("git_commit") if invocations else None,
-        # citable: every invocation ran from one clean commit
-        "citable": bool(invocations) and len({i.get("git_commit") for i in invocations}) == 1
-        and "+dirty" not in (invocations[0].get("git_commit") or "+dirty"),
+        "citable": citable(invocations),  # every invocation ran from one clean commit
         "versions": versions(), "machine": machine(),
         "threads": profile.threads, "seed": int(_flag(command, "--seed", "0")),
         "epochs": epochs,
@@ -142,39 +143,9 @@ def write_json(doc: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-class ResultError(ValueError):
-    """A result file that is not what the runner wrote; the message names the file."""
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def check(doc: Any, path: Path) -> dict:
-    """``doc`` if it is a result document that agrees with itself and with its file name:
-    a JSON object whose ``row`` is the file's stem, whose ``epochs`` are objects with numeric
-    ``test_acc1``, and whose ``final_top1``/``best_top1`` are its last and best epoch's. Else
-    ``ResultError`` naming ``path`` and what is wrong."""
-    def bad(why: str) -> ResultError:
-        return ResultError(f"result file {path}: {why}; it is not what the runner wrote (remove it and "
-                           f"rerun the row, or restore it from git)")
-    if not isinstance(doc, dict):
-        raise bad(f"a JSON {type(doc).__name__}, not an object")
-    if doc.get("row") != path.stem:
-        raise bad(f"its row is {doc.get('row')!r}, not {path.stem!r} (its file name)")
-    epochs = doc.get("epochs")
-    if not isinstance(epochs, list) or not epochs or not all(
-            isinstance(e, dict) and _number(e.get("test_acc1")) for e in epochs):
-        raise bad("'epochs' must be a non-empty list of objects with a numeric test_acc1")
-    top1 = [e["test_acc1"] for e in epochs]
-    for key, want in (("final_top1", top1[-1]), ("best_top1", max(top1))):
-        if not _number(doc.get(key)) or doc[key] != want:
-            raise bad(f"{key} is {doc.get(key)!r}, but its own epochs say {want!r}")
-    return doc
-
-
-def read_result(path: Path) -> dict:
-    """One checked result file (``check``); ``ResultError`` naming it when unreadable."""
+def read_result(path: Path, table: Optional[str] = None, profile: Optional[str] = None) -> dict:
+    """One checked result file (``validate.check``: of ``table`` and ``profile`` when given);
+    ``ResultError`` naming it when unreadable or wrong."""
     try:
         doc = json.loads(Path(path).read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -182,9 +153,14 @@ def read_result(path: Path) -> dict:
                           f"rerun the row, or restore it from git") from None
     except OSError as e:
         raise ResultError(f"result file {path}: cannot read it ({e.strerror or e})") from None
-    return check(doc, Path(path))
+    return check(doc, Path(path), table, profile)
 
 
-def load_results(folder: Path) -> dict[str, dict]:
-    """Every ``<row>.json`` of ``folder``, by row name, each checked (``read_result``)."""
-    return {p.stem: read_result(p) for p in sorted(Path(folder).glob("*.json"))}
+def load_results(folder: Path, table: Optional[str] = None, profile: Optional[str] = None) -> dict[str, dict]:
+    """Every ``<row>.json`` of ``folder``, by row name, each checked (``read_result``); a
+    ``ResultError`` when ``folder`` is missing or not a folder."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ResultError(f"result folder {str(folder)!r} {'is not a folder' if folder.exists() else 'does not exist'}; "
+                          f"give the folder of a table's result files (--results)")
+    return {p.stem: read_result(p, table, profile) for p in sorted(folder.glob("*.json"))}

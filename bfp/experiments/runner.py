@@ -79,17 +79,17 @@ def check_clean(allow_dirty: bool, repo: Path = REPO) -> None:
 
 
 @contextlib.contextmanager
-def table_lock(runs_dir: Path):
-    """One runner per table: an exclusive lock on ``RUNS/.lock``; ValueError when another holds it."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    f = open(runs_dir / ".lock", "a+")
+def _lock(folder: Path, flag: str):
+    """An exclusive lock on ``folder/.lock``; ValueError naming ``flag`` when another runner holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / ".lock", "a+")
     try:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.seek(0)
-            raise ValueError(f"another runner is working on {runs_dir} (pid {f.read().strip() or '?'}); wait for "
-                             f"it, or stop it first") from None
+            raise ValueError(f"another runner is working on {folder} ({flag}; pid {f.read().strip() or '?'}); wait "
+                             f"for it, or stop it first") from None
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))
@@ -97,6 +97,18 @@ def table_lock(runs_dir: Path):
         yield
     finally:
         f.close()
+
+
+@contextlib.contextmanager
+def table_lock(runs_dir: Path, results_dir: Optional[Path] = None):
+    """One runner per run folder and per result folder: an exclusive lock on ``RUNS/.lock`` and on
+    ``RESULTS/.lock`` (two runners with other ``--runs`` but one ``--results`` would replace each
+    other's result files); ValueError when another holds either."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_lock(runs_dir, "--runs"))
+        if results_dir is not None and Path(results_dir).resolve() != Path(runs_dir).resolve():
+            stack.enter_context(_lock(results_dir, "--results"))
+        yield
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -255,14 +267,14 @@ def run(table: str, rows: list[matrix.Row], prof: matrix.Profile, data: str, res
     them (``spread.needs_seeds``); 0 when all have results, 1 otherwise. Refuses a source tree
     with uncommitted changes (``check_clean``) and a table another runner holds."""
     check_clean(allow_dirty or (prof is not None and prof.name != "full"))  # a quick profile is never published
-    with table_lock(runs_dir):
+    with table_lock(runs_dir, results_dir):
         return _run(table, rows, prof, data, results_dir, runs_dir, epochs, say)
 
 
-def _have(results_dir: Path, name: str) -> bool:
+def _have(results_dir: Path, name: str, table: str, prof) -> bool:
     path = results_dir / f"{name}.json"
     if path.is_file():
-        results.read_result(path)  # done only when it is a good one
+        results.read_result(path, table, getattr(prof, "name", None))  # done only when it is a good one
         return True
     return False
 
@@ -275,14 +287,14 @@ def _run(table, rows, prof, data, results_dir, runs_dir, epochs, say) -> int:
         row, seed = todo[i]
         i += 1
         name = matrix.key(row, seed)
-        if _have(results_dir, name):
+        if _have(results_dir, name, table, prof):
             say(f"[{i}/{len(todo)}] {name}: done ({results_dir / (name + '.json')})")
         else:
             say(f"[{i}/{len(todo)}] {name}: {row.words}, seed {seed}  (elapsed {time.monotonic() - t0:.0f} s)")
             if not run_row(table, row, prof, data, results_dir, runs_dir, epochs, say, seed):
                 failed.append(name)
         if i == len(todo) and len(prof.seeds) > 1:  # seed 0 of the chosen rows done: which need more
-            todo += _more_seeds(rows, todo, prof, results_dir, say)
+            todo += _more_seeds(table, rows, todo, prof, results_dir, say)
     if failed:
         say(f"{len(failed)} run(s) without a result: {', '.join(failed)}")
         return 1
@@ -290,8 +302,8 @@ def _run(table, rows, prof, data, results_dir, runs_dir, epochs, say) -> int:
     return 0
 
 
-def _more_seeds(rows, todo, prof, results_dir: Path, say) -> list[tuple[matrix.Row, int]]:
-    res = results.load_results(results_dir)
+def _more_seeds(table, rows, todo, prof, results_dir: Path, say) -> list[tuple[matrix.Row, int]]:
+    res = results.load_results(results_dir, table, prof.name)
     refs = {r.reference for r in rows}
     planned = {(r.name, s) for r, s in todo}
     out = []

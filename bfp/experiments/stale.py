@@ -17,15 +17,20 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine import logs
-from . import results, runner
+from . import results, runner, validate
 
 DEPENDS = ("bfp", "cifar.py", "pyproject.toml")
 
 
 def changed_since(commit: str, repo: Path, paths: tuple[str, ...] = DEPENDS) -> Optional[list[str]]:
-    """Files of ``paths`` that differ between ``commit`` and HEAD; None when git does not know it."""
+    """Files of ``paths`` that differ between ``commit`` and HEAD; None when git does not know it.
+    ``commit`` comes from a result file, so it reaches git only as 40 hex digits, after
+    ``--end-of-options`` (a value such as ``--output=FILE`` is never parsed as an option)."""
+    if not (isinstance(commit, str) and validate.COMMIT.fullmatch(commit) and "+" not in commit):
+        raise ValueError(f"{commit!r} is not a commit (40 hex digits); refused before it reaches git")
     try:
-        out = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *paths], cwd=repo,
+        out = subprocess.run(["git", "diff", "--name-only", "--end-of-options", commit, "HEAD", "--", *paths],
+                             cwd=repo,
                              capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -35,8 +40,10 @@ def changed_since(commit: str, repo: Path, paths: tuple[str, ...] = DEPENDS) -> 
 def why_stale(doc: dict, head: str, repo: Path, every: bool = False) -> Optional[str]:
     """Why the result ``doc`` must be rerun at ``head``; None when it still stands."""
     commit = doc.get("git_commit")
-    if not commit or commit == "unknown":
+    if not commit:
         return "it records no commit"
+    if not validate.commit_ok(commit):
+        return f"its commit {str(commit)[:50]!r} is not 40 hex digits"
     if "+dirty" in commit:
         return f"it ran from a tree with uncommitted changes ({commit[:12]}+dirty)"
     if commit == head:
@@ -52,13 +59,14 @@ def why_stale(doc: dict, head: str, repo: Path, every: bool = False) -> Optional
     return None
 
 
-def find(results_dir: Path, repo: Path, every: bool = False) -> dict[str, str]:
-    """{result name: why it is stale} over every result file of ``results_dir``."""
+def find(results_dir: Path, repo: Path, every: bool = False, table: Optional[str] = None) -> dict[str, str]:
+    """{result name: why it is stale} over every result file of ``results_dir`` (checked as
+    ``table``'s when given)."""
     head = (logs.git_commit(repo) or "").split("+")[0]
     if not head:
         raise ValueError(f"{repo} is not a git checkout: staleness is judged against its HEAD")
     out = {}
-    for name, doc in results.load_results(results_dir).items():
+    for name, doc in results.load_results(results_dir, table).items():
         why = why_stale(doc, head, repo, every)
         if why is not None:
             out[name] = why
