@@ -118,10 +118,32 @@ class MultiheadAttention(Attention):
     ``Attention``'s named products. Key/value inputs of other sizes (``kdim``/``vdim``) and
     ``add_bias_kv``/``add_zero_attn`` are refused by ``from_float``."""
 
+    # nn.MultiheadAttention's public attributes, which code around it reads (torch's
+    # TransformerEncoderLayer among it): the same values, the Parameters are the products' own.
+    bias_k = bias_v = None
+    add_zero_attn = False
+    # torch's encoder layers run a fused kernel on in_proj_weight (FP32, past every quantization
+    # point) when this is True in eval mode; False keeps their forward on this module's products.
+    _qkv_same_embed_dim = False
+
     def __init__(self, dim: int, heads: int, bias: bool = True, dropout: float = 0.0, batch_first: bool = False):
         super().__init__(dim, heads, bias=bias, dropout=dropout)
         self.batch_first = batch_first
+        self.embed_dim = self.kdim = self.vdim = dim
+        self.num_heads, self.head_dim = heads, dim // heads
         self._register_load_state_dict_pre_hook(self._rename_mha_keys)
+
+    @property
+    def in_proj_weight(self) -> Tensor:
+        return self.qkv.weight
+
+    @property
+    def in_proj_bias(self) -> Optional[Tensor]:
+        return self.qkv.bias
+
+    @property
+    def out_proj(self) -> nn.Module:
+        return self.proj
 
     @staticmethod
     def _rename_mha_keys(state_dict, prefix, *args):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import torch
 import torch.nn as nn
 
 from . import layers as L
@@ -110,6 +111,11 @@ def convert(model: nn.Module, config: ConfigLike, example_input: Any = None, *,
     cfg = load_config(config)
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
+    scripted = [n or "(model)" for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)]
+    if scripted:
+        raise ValueError(f"convert cannot convert TorchScript modules ({', '.join(scripted[:5])}: torch.jit.script "
+                         f"or trace compiled their forward, out of reach of bfp's layers); convert the Python "
+                         f"module first, then script the converted model if you need to")
     module_filter = filter_of(module_filter)
     model = _named_attention(model) if example_input is None else trace_model(model, example_input)
     trace = model.__dict__.get(_TRACE)
@@ -208,11 +214,11 @@ def conversion_report(model: nn.Module) -> str:
         if extra_acc:
             row.append(repr(prec.accumulator) if prec and prec.accumulator else "-")
         rows.append(row)
-    if not entries:
-        return f"no convertible layers ({', '.join(CONVERTIBLE_TYPES)})"
+    cov = model.__dict__.get(COVERAGE)
+    if not entries:  # the GEMMs the trace found still say what stays FP32
+        return f"no convertible layers ({', '.join(CONVERTIBLE_TYPES)})" + ("\n" + cov.report() if cov else "")
     summary = (f"{n_on} of {len(entries)} convertible layers quantized "
                f"({n_q} converted, {len(entries) - n_on} in full precision)")
-    cov = model.__dict__.get(COVERAGE)
     summary += "\n" + (cov.report() if cov is not None else
                        "GEMMs inside forward methods not traced (convert with example_input to see them)")
     return _table(header, rows) + "\n" + summary

@@ -91,9 +91,11 @@ def coverage_of(trace: GemmTrace, cfg: NetConfig, layers: Mapping[str, str], ord
     """The ``Coverage`` of ``plan`` (layer name -> precision) over the GEMMs of ``trace``."""
     gemms = []
     for site in trace.sites:
-        if site.kind == "unsupported":
-            gemms.append(Gemm(site.describe(), "-", False, f"{site.op} has no quantized twin (compute it with "
-                              "torch.matmul or a module to have it routed)", on_purpose=False))
+        if site.kind in ("unsupported", "recurrent"):
+            why = (f"{site.op}'s GEMMs run inside one fused recurrent op that bfp cannot quantize (build the cell "
+                   f"from nn.Linear layers to have them quantized)" if site.kind == "recurrent" else
+                   f"{site.op} has no quantized twin (compute it with torch.matmul or a module to have it routed)")
+            gemms.append(Gemm(site.describe(), "-", False, why, on_purpose=False))
             continue
         for name in site.layer_names():
             if name not in layers:

@@ -13,9 +13,12 @@ first reaches it:
               child's): two products, q k^T and p v, which routing gives that module as ``qk``/``pv``
 ``matmul``    ``torch.matmul``/``@``/``bmm``/``mm`` in a module's own forward: one product, routed
               as ``matmul<i>``
-``unsupported``  another GEMM-like op in a module's own forward (``einsum``, ``addmm``,
-              ``baddbmm``, ``F.linear``/``F.conv*`` called directly, ...): it stays FP32 and the
-              conversion report says so
+``unsupported``  another GEMM-like op in a module's own forward (``einsum``, ``addmm`` and
+              ``addmm_``, ``baddbmm``, ``torch.linalg.matmul``, ``dot``/``vdot``/``inner``/
+              ``linalg.vecdot``, ``F.linear``/``F.conv*``/``conv_tbc`` called directly, ...): it
+              stays FP32, the conversion report says so and ``strict`` refuses it
+``recurrent``  a call of ``nn.LSTM``/``GRU``/``RNN`` or a cell, whose GEMMs run inside one fused
+              op: FP32, reported and refused under ``strict`` like ``unsupported``
 ============  ====================================================================================
 
 A site's ``index`` counts the calls of its kind in one forward of its owner, so a module called
@@ -47,7 +50,15 @@ _UNSUPPORTED = {torch.einsum: "einsum", torch.addmm: "addmm", Tensor.addmm: "add
                 torch.linalg.multi_dot: "multi_dot", torch.chain_matmul: "chain_matmul", F.bilinear: "bilinear",
                 F.linear: "F.linear", F.conv1d: "F.conv1d", F.conv2d: "F.conv2d", F.conv3d: "F.conv3d",
                 F.conv_transpose1d: "F.conv_transpose1d", F.conv_transpose2d: "F.conv_transpose2d",
-                F.conv_transpose3d: "F.conv_transpose3d", torch.addmv: "addmv", torch.mv: "mv", Tensor.mv: "mv"}
+                F.conv_transpose3d: "F.conv_transpose3d", torch.addmv: "addmv", torch.mv: "mv", Tensor.mv: "mv",
+                torch.linalg.matmul: "linalg.matmul", torch.conv_tbc: "conv_tbc", torch.dot: "dot", Tensor.dot: "dot",
+                torch.vdot: "vdot", Tensor.vdot: "vdot", torch.inner: "inner", Tensor.inner: "inner",
+                torch.linalg.vecdot: "linalg.vecdot", Tensor.addmv: "addmv", Tensor.addbmm: "addbmm"}
+# In-place forms (a.addmm_(b, c)) are the same products.
+_UNSUPPORTED.update({getattr(Tensor, f"{n}_"): n for n in ("addmm", "baddbmm", "addbmm", "addmv")})
+# Modules whose forward runs its GEMMs inside one fused op, out of any hook's reach: recorded as
+# unsupported GEMMs of that module (an LSTM's input and hidden products, per layer and direction).
+RECURRENT = (nn.RNNBase, nn.RNNCellBase)
 _Q_TYPES = {q: f.__name__ for f, q in CONVERTIBLE.items()}
 
 
@@ -157,6 +168,8 @@ def trace_gemms(model: nn.Module, example_input: Any, input_desc: str = "") -> G
         layer = type_name_of(module)
         if layer is not None and not any(frame[2] for frame in stack):
             sites.setdefault(Site("layer", name, layer), None)
+        elif isinstance(module, RECURRENT) and not any(frame[2] for frame in stack):
+            sites.setdefault(Site("recurrent", name, type(module).__name__), None)
         stack.append((name, module, layer is not None, Counter()))
 
     def post(module, args, output):
