@@ -203,6 +203,7 @@ def test_lm_refuses_a_resume_on_another_text(tmp_path, text_file, capsys, other)
     assert lm(*again, "--resume", resume) == 2
     err = capsys.readouterr().err
     assert "the text's SHA-256" in err and "--resume-allow-data-change" in err and "Traceback" not in err
+    assert "(None)" not in err and f"trained on ({text_file.name} -> {text2.name})" in err
     if other == "same characters":  # the same text moved elsewhere is the same data
         moved = tmp_path / "moved.txt"
         shutil.copy(text_file, moved)

@@ -151,13 +151,19 @@ def check_data(args: argparse.Namespace, path: Path, state: dict[str, Any], data
     diff = differences(saved, now)
     if not diff:
         return None
-    where = f"{saved.get('path')} -> {now.get('path')}" if saved.get("path") != now.get("path") else now.get("path")
+    was, is_ = _source(saved), _source(now)  # a folder, or lm.py's corpus (its name or file)
+    where = f"{was} -> {is_}" if was != is_ else is_
     msg = f"the dataset differs from the one the checkpoint trained on ({where}): {'; '.join(diff)}"
     if not args.resume_allow_data_change:
         raise UsageError(f"--resume {path}: {msg}. Continuing would train on other data (and, with "
                          f"another image count, on another learning-rate schedule); point -dp at the "
                          f"original data, or pass --resume-allow-data-change to continue anyway")
     return f"warning: {msg}; continuing as --resume-allow-data-change asks"
+
+
+def _source(fingerprint: dict[str, Any]) -> str:
+    """Where a dataset came from, in words: its folder, or a text corpus's name."""
+    return str(fingerprint.get("path") or fingerprint.get("corpus") or "the dataset (no path recorded)")
 
 
 def check_world(path: Path, state: dict[str, Any], processes: int, emulate_node: int) -> Optional[str]:
