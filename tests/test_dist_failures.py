@@ -98,3 +98,36 @@ def test_torchrun_passes_flags_after_double_dash_to_the_script(tmp_path):
     good = subprocess.run([*base, "--", *flags], env=env, capture_output=True, text=True, timeout=180)
     assert good.returncode == 0, good.stdout + good.stderr
     assert (tmp_path / "runs" / "t" / "log.txt").is_file()
+
+
+def _both_ranks(flags0, flags1, timeout=120):
+    port = _free_port()
+    ps = [_rank(0, port, "--training-epochs", "1", *flags0), _rank(1, port, "--training-epochs", "1", *flags1)]
+    try:
+        return [(p.communicate(timeout=timeout)[0], p.returncode) for p in ps]
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_ranks_started_with_different_runs_all_refuse_naming_the_flags():
+    outs = _both_ranks(["--seed", "0", "--grad-exp", "4", "--grad-man", "3", "--model-opt", "width=4"],
+                       ["--seed", "1", "--grad-exp", "5", "--grad-man", "2", "--model-opt", "width=8"])
+    for out, rc in outs:
+        assert rc == 2, out
+        assert "the ranks were started with different runs" in out and "Traceback" not in out
+        for part in ("rank 1 has --seed 1 where rank 0 has 0", "--grad-exp 5 where rank 0 has 4",
+                     "--grad-man 2 where rank 0 has 3", "--model-opt"):
+            assert part in out, out
+    ok = _both_ranks(["--num-workers", "0"], ["--num-workers", "0", "--progress", "False"])  # local flags only
+    assert [rc for _, rc in ok] == [0, 0], ok[0][0]
+
+
+def test_nodes_outside_the_tree_order_are_refused(capsys):
+    from bfp.cli import cifar
+    for order in ([], ["--grad-order", "gloo", "--grad-format", "e4m3"]):
+        assert cifar([*TINY, "--training-epochs", "1", "--emulate-node", "8", "--nodes", "3", *order]) == 2
+        err = capsys.readouterr().err
+        assert "--nodes 3 places the workers on nodes for --grad-order nccl-tree only" in err
+        assert "Traceback" not in err

@@ -85,8 +85,41 @@ def grad_format(args: argparse.Namespace) -> Optional[Format]:
     return fmt
 
 
-def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSetup:
-    """Read the launcher's environment, join the process group and choose the step strategy."""
+# Flags that may differ between ranks: where each reads its data, how it reports, how long it waits.
+LOCAL_FLAGS = frozenset({"dataset_path", "progress", "num_workers", "dist_timeout"})
+
+
+def run_fields(args: argparse.Namespace, plan: Any = None) -> dict[str, str]:
+    """A rank's run, flag by flag, in words every rank computes alike (the ``-tc`` plan included)."""
+    out = {k: repr(v) for k, v in sorted(vars(args).items()) if k not in LOCAL_FLAGS}
+    if plan is not None:
+        out["-tc plan"] = repr((dict(plan.precision), {e: dict(v) for e, v in plan.optimizer.items()}))
+    return out
+
+
+def check_same_run(fields: dict[str, str], world_size: int) -> None:
+    """Every rank compares its run with rank 0's (one ``all_gather_object``) and all refuse, naming
+    the flags that differ, before any model is built: ranks that disagree on a format, a seed or a
+    learning rate would train apart while DDP averages their gradients as one model's."""
+    import torch.distributed as dist
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, fields)
+    ref, bad = gathered[0], []
+    for rank, theirs in enumerate(gathered[1:], 1):
+        for k in sorted(set(ref) | set(theirs)):
+            if ref.get(k) != theirs.get(k):
+                flag = k if k.startswith("-") else "--" + k.replace("_", "-")
+                bad.append(f"rank {rank} has {flag} {theirs.get(k)} where rank 0 has {ref.get(k)}")
+    if bad:
+        raise UsageError(f"the ranks were started with different runs: {'; '.join(bad[:8])}"
+                         f"{f'; ... ({len(bad)} in all)' if len(bad) > 8 else ''}. Every rank must run the same "
+                         f"command (torchrun and srun start one command on every rank); only "
+                         f"{', '.join('--' + f.replace('_', '-') for f in sorted(LOCAL_FLAGS))} may differ")
+
+
+def distributed_setup(args: argparse.Namespace, device: torch.device, plan: Any = None) -> DistSetup:
+    """Read the launcher's environment, join the process group, check that every rank runs the same
+    flags (``check_same_run``) and choose the step strategy."""
     try:
         e = dist_env.read_env()
     except dist_env.DistEnvError as err:
@@ -105,6 +138,8 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
         dist_env.init(e, device, args.dist_timeout)
     except dist_env.DistEnvError as err:
         raise UsageError(str(err)) from None
+    if e.distributed:
+        check_same_run(run_fields(args, plan), e.world_size)
     if fmt is not None and getattr(fmt, "rounding", None) is not None and fmt.rounding.value == "truncate":
         print(f"warning: the gradient format {fmt!r} truncates: every partial sum of the all-reduce is cut "
               f"toward zero, a bias that grows with the worker count (about -2.5% over 8 workers for fb16); "
@@ -126,6 +161,10 @@ def distributed_setup(args: argparse.Namespace, device: torch.device) -> DistSet
             if rounded or args.emulate_node > 1 else None
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if args.nodes != 1 and (reduce is None or reduce.order != "nccl-tree"):
+        raise UsageError(f"--nodes {args.nodes} places the workers on nodes for --grad-order nccl-tree only; this "
+                         f"run adds in {'float32 (no rounded all-reduce)' if reduce is None else reduce.order + ' order'}"
+                         f": drop --nodes or give --grad-order nccl-tree")
     if reduce is not None and reduce.order == "nccl-tree" and workers % args.nodes:
         raise UsageError(f"--nodes {args.nodes} does not divide the {workers} workers")
     if e.distributed and args.emulate_node == 1:

@@ -116,7 +116,7 @@ def train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
 def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
     task, args, plan, resumed = spec.task, spec.args, spec.plan, spec.resumed
     device = resolve_device(args.device)
-    dist = distributed_setup(args, device)  # process group, device, step strategy, optimizer
+    dist = distributed_setup(args, device, plan)  # process group, device, step strategy, optimizer
     device = dist.device
     state = resumed.state if resumed is not None else None
     world_note = check_world(resumed.path, state, dist.env.world_size, args.emulate_node) \
