@@ -1,6 +1,6 @@
 # bfpsim with CUDA PyTorch (the README's Docker section):
 #   docker build . -t $(whoami)/bfpsim:latest
-# devel, not runtime: Numba's CUDA kernels need the toolkit's NVVM/libdevice.
+# The GPU kernels are Triton's, which the image's PyTorch brings (with its own ptxas).
 # BASE: any image with python3 and pip on PATH (docker/smoke.sh builds one from Debian packages
 # where the default cannot be pulled).
 ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel
@@ -14,7 +14,7 @@ WORKDIR /app
 COPY . .
 # Installed as a wheel is (not editable): the image holds every package it ships. A working tree
 # mounted over /app (`docker run -v "$(pwd)":/app`) still runs its own scripts and bfp/ first.
-ARG EXTRAS=cuda
+ARG EXTRAS=
 RUN pip install --no-cache-dir "./${EXTRAS:+[$EXTRAS]}" \
     && useradd --create-home --uid 1000 --user-group bfp \
     && mkdir -p /app/runs /app/data /app/.torch /dataset \

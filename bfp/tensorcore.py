@@ -5,9 +5,10 @@ cores", PeerJ Computer Science 7:e330, 2021, and later work on Hopper by the sam
 the adder: products are exact; a group of ``terms`` products and the running accumulator are
 aligned to the largest exponent among them; each term is cut to a fixed number of bits below it;
 the terms are summed exactly and the result is cut to a fixed width. ``FusedAccumulator`` holds
-those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them (a Numba kernel,
-``bfp.kernels.fused`` / ``fused_cuda``; this module's float64 torch code is the reference it
-equals bit for bit, ``backend="reference"``).
+those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them (a Numba kernel on CPU
+tensors, ``bfp.kernels.fused``; this module's float64 torch code is the reference it equals bit for
+bit, ``backend="reference"``, and what CUDA tensors run: no GPU kernel yet, by the kernels'
+fallback policy).
 
 One step, for each output element, with ``c`` the running sum (float32, starting at +0):
 
@@ -78,7 +79,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from numba import config as numba_config
 
 from .kernels.cpu import threads_for
 from .kernels.fused import (SERIAL_PRODUCTS, ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_gemm32,
@@ -168,12 +168,10 @@ def _gemm32(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, chains: lis
 
 
 class _Kernel:
-    """The float64 Numba kernels' chains (``bfp.kernels.fused.fused_chain`` on the CPU, ``fused_cuda``
-    on CUDA tensors or under the CUDA simulator, loaded on first use), with what every span shares
-    computed once: the operands in float64 and their exponents."""
+    """The float64 Numba kernel's chains (``bfp.kernels.fused.fused_chain``, CPU tensors), with what
+    every span shares computed once: the operands in float64 and their exponents."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator):
-        self.device = a.is_cuda or bool(numba_config.ENABLE_CUDASIM)
         self.a, self.b = a.double(), b.double()
         emin_a, emin_b = acc.emins()
         self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
@@ -192,19 +190,15 @@ class _Kernel:
             pa[:, :e - s], pb[:e - s], pea[:, :e - s], peb[:e - s] = (self.a[:, s:e], self.b[s:e],
                                                                       self.ea[:, s:e], self.eb[s:e])
         out = pa.new_empty(m, n)
-        if self.device:
-            from .kernels.fused_cuda import fused_chain as on_device
-            on_device(*(x.contiguous() for x in (pa, pb, pea, peb)), out, *self.params)
-        else:
-            _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip, 2000)
+        _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip, 2000)
         return out.float()  # a chain's result fits float32
 
 
 def _one(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, backend: str,
          chains: list[tuple[int, int]]) -> torch.Tensor:
     """One (M, K) @ (K, N) chain by chain, the chains' results added in order in float32: the float64
-    kernels (``backend="kernel"``) or the torch reference."""
-    kernel = _Kernel(a, b, acc) if backend == "kernel" else None
+    kernel (``backend="kernel"``, CPU tensors) or the torch reference (CUDA tensors too)."""
+    kernel = _Kernel(a, b, acc) if backend == "kernel" and not a.is_cuda else None
     a64, b64 = (a.double(), b.double()) if kernel is None else (None, None)
     out32 = None
     for s, e in chains:
@@ -231,7 +225,7 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"fused_bmm needs (B, M, K) @ (B, K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     chains = _chains(a.shape[2], acc)
-    if backend == "kernel" and not (a.is_cuda or numba_config.ENABLE_CUDASIM) and float32_exact(a, b, acc):
+    if backend == "kernel" and not a.is_cuda and float32_exact(a, b, acc):
         return _gemm32(a, b, acc, chains)
     if a.shape[0] == 0:
         return a.new_zeros(0, a.shape[1], b.shape[2], dtype=torch.float32)
@@ -241,8 +235,8 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend
 def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
     """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
     values) through ``acc`` (module docstring); float32 result. ``backend``: ``"kernel"`` (Numba:
-    ``bfp.kernels.fused`` on the CPU, ``fused_cuda`` on CUDA tensors or under the CUDA simulator)
-    or ``"reference"`` (this module's float64 torch code), equal bit for bit (``fused_bmm`` checks it)."""
+    ``bfp.kernels.fused`` on CPU tensors; CUDA tensors take the reference) or ``"reference"`` (this
+    module's float64 torch code), equal bit for bit (``fused_bmm`` checks it)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     return fused_bmm(a[None], b[None], acc, backend)[0]

@@ -5,8 +5,8 @@
 #    otherwise one made from Debian packages: debootstrap (minbase, bookworm, python3 + pip + venv
 #    + CA certificates), this host's CA bundle copied in, a venv at /opt/venv first on PATH,
 #    imported as bfpsim-base:bookworm.
-# 2. docker build with that base (EXTRAS: the package extras, default "cuda" on the default base,
-#    none on the Debian one); prints the build's time and the image's size.
+# 2. docker build with that base (EXTRAS: the package extras, default none on either base;
+#    the GPU kernels are Triton's, which CUDA torch brings); prints the build's time and the image's size.
 # 3. cifar.py -tc digits_demo, one epoch, as uid 1000 with a mounted runs folder (checks that the
 #    run directory is written there, owned by uid 1000); imagenet.py --help.
 # The opt-in test tests/test_docker_smoke.py runs it with BFP_DOCKER_SMOKE=1 (never in CI's default run).
@@ -22,7 +22,7 @@ docker info >/dev/null 2>&1 || { echo "smoke.sh: no Docker daemon answers (start
 
 if docker image inspect "$BASE" >/dev/null 2>&1 || timeout 120 docker pull -q "$BASE" >/dev/null 2>&1; then
   echo "base: $BASE"
-  EXTRAS="${EXTRAS-cuda}"
+  EXTRAS="${EXTRAS-}"
 else
   echo "base: $BASE cannot be had here; building $LOCAL_BASE from Debian packages"
   if ! docker image inspect "$LOCAL_BASE" >/dev/null 2>&1; then

@@ -6,6 +6,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Without a GPU the Triton kernels run under Triton's interpreter, on CPU tensors, bit for bit as on
+# a GPU (bfp.kernels.triton_cuda); it must be set before triton first decorates a kernel.
+if not os.environ.get("TRITON_INTERPRET"):
+    import torch
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -11,10 +11,10 @@ PKG = Path(__file__).resolve().parents[1] / "bfp"
 FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumulate", "overflow", "quantizer", "functional", "layers", "trace", "attention", "routes", "config", "coverage", "conversion", "diagnostics",
           "models", "amp", "optim", "distributed", "data", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
-LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.cuda"), ("kernels", "bfp.kernels.nvfp4_cuda"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
+LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.triton_cuda"), ("kernels", "bfp.kernels.triton_cuda.element"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
            ("kernels", "bfp.kernels.nvfp4_te_cpu"), ("kernels", "bfp.kernels.inplace_cpu"),
            ("hadamard", "bfp.kernels.hadamard_cpu"),
-           ("hadamard", "bfp.kernels.nvfp4_rht"), ("tensorcore", "bfp.kernels.fused_cuda")}
+           ("hadamard", "bfp.kernels.nvfp4_rht")}
 
 
 def floor_of(module: str) -> str:

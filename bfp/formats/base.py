@@ -270,6 +270,11 @@ def register_kernel(family: type, kernel: Any) -> None:
     _KERNELS[family] = kernel
 
 
+def kernel_families() -> tuple[type, ...]:
+    """The format families that have a registered kernel, in registration order."""
+    return tuple(_KERNELS)
+
+
 def kernel_for(fmt: "Format") -> Any:
     """The kernel registered for ``fmt``'s family; TypeError naming the registered families otherwise."""
     for cls in type(fmt).__mro__:

@@ -12,15 +12,36 @@ from .plan import canonical_4d, rule_for, tile_for
 from .reference import quantize_reference
 from .scalar import MAG
 
-BACKENDS = ("reference", "cpu", "cuda")
+BACKENDS = ("reference", "cpu", "triton")
+ALIASES = {"cuda": "triton"}  # the GPU backend's earlier name
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _draw(generator: Optional[torch.Generator]) -> torch.Tensor:
+    device = generator.device if generator is not None else "cpu"
+    return torch.randint(0, 2 ** 32, (2,), generator=generator, device=device, dtype=torch.int64)
 
 
 def _keys(generator: Optional[torch.Generator]) -> tuple[int, int]:
     """Two 32-bit keys for the counter-based RNG: one draw from ``generator``."""
-    device = generator.device if generator is not None else "cpu"
-    k = torch.randint(0, 2 ** 32, (2,), generator=generator, device=device, dtype=torch.int64)
-    return tuple(int(v) for v in k.tolist())
+    return tuple(int(v) for v in _draw(generator).tolist())
+
+
+def device_keys(generator: Optional[torch.Generator], device: torch.device) -> torch.Tensor:
+    """The same draw as ``_keys``, as an int64 tensor on ``device``: the Triton kernels read it there,
+    so a CUDA generator's keys never go through the host (no synchronisation)."""
+    k = _draw(generator)
+    return k if k.device == device else k.to(device, non_blocking=True)
+
+
+def backend_for(x: torch.Tensor, backend: Optional[str]) -> str:
+    """The backend that runs ``x``: ``backend`` (an alias resolved), or the device's default: the
+    Numba kernels for CPU tensors, the Triton kernels for CUDA tensors."""
+    backend = ALIASES.get(backend, backend) or ("triton" if x.is_cuda else "cpu")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)} (or 'cuda', the "
+                         f"Triton kernels' earlier name)")
+    return backend
 
 
 def _check(x, fmt) -> None:
@@ -69,10 +90,7 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     """``(quantize(x, fmt), counts)``; counts is int64 ``[nonzero_in, zeroed]`` on x's
     device when ``stats`` else None. See ``bfp.quantize`` for the arguments."""
     _check(x, fmt)
-    backend = backend or ("cuda" if x.is_cuda else "cpu")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    return kernel_for(fmt)(x, fmt, generator, backend, stats)
+    return kernel_for(fmt)(x, fmt, generator, backend_for(x, backend), stats)
 
 
 def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool) -> torch.Tensor:
@@ -111,7 +129,10 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
     ones that register a rule with ``plan.register_rule``."""
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
-    keys = _keys(generator) if rule.mode == 2 else (0, 0)
+    if backend == "triton":
+        keys = device_keys(generator, x.device) if rule.mode == 2 else None
+    else:
+        keys = _keys(generator) if rule.mode == 2 else (0, 0)
     if x.device.type == "meta":  # shapes only (model tracing, FakeTensor): the format is checked above
         counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
         return torch.empty_like(x), counts
@@ -122,6 +143,8 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
 
     canon = None if tile is None else canonical_4d(tuple(x32.shape), tile)
     if backend == "reference" or (tile is not None and canon is None):
+        if keys is None or isinstance(keys, torch.Tensor):  # the reference takes the keys as numbers
+            keys = (0, 0) if keys is None else tuple(int(v) for v in keys.tolist())
         out = quantize_reference(x32, rule, tile, keys)
         counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
     else:
@@ -136,8 +159,8 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
                              out.view(torch.int32).numpy().reshape(-1), rule, shape4, tile4, keys, stats)
             counts = torch.tensor([nz, zc], dtype=torch.int64) if stats else None
         else:
-            from . import cuda
-            counts = cuda.run(x32, out, rule, shape4, tile4, keys, stats)
+            from .triton_cuda import run  # Triton loads on first use
+            counts = run(x32, out, rule, shape4, tile4, keys, stats)
     return out.to(x.dtype), counts
 
 

@@ -1,6 +1,7 @@
 """NVFP4 quantization (the rule is ``bfp.formats.nvfp4``'s docstring): a PyTorch reference, which also
-runs CUDA tensors, and the dispatch to the Numba CPU (``nvfp4_cpu``) and CUDA (``nvfp4_cuda``)
-kernels, which do the same float32 operations in the same order.
+runs CUDA tensors (the Triton backend has no NVFP4 kernel yet: by the stated fallback policy,
+``dispatch``, CUDA tensors take this reference), and the dispatch to the Numba CPU kernels
+(``nvfp4_cpu``), which do the same float32 operations in the same order.
 
 The E4M3 block scales and the E2M1 elements are rounded by the integer element rule of
 ``scalar.py`` (the one every format uses), so only the divisions and products between them
@@ -14,7 +15,7 @@ import torch
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
 from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale
-from .plan import MODE, rule_for
+from .plan import rule_for
 from .reference import quantize_bits, tile_max
 from .scalar import EXP_INF, MAG
 
@@ -52,8 +53,7 @@ def _tile(x32: torch.Tensor, axis: int, block: tuple) -> list[int]:
 
 def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     """NVFP4 of float32 ``x32`` (a new tensor); ``backend`` "cpu" runs the Numba kernel on CPU
-    tensors, "cuda" the Numba CUDA kernels (``nvfp4_cuda``; 1-D blocks), "reference" the PyTorch
-    reference (2-D blocks always)."""
+    tensors, any other the PyTorch reference on ``x32``'s device (2-D blocks always)."""
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
@@ -84,9 +84,4 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
         if out is not None:
             return out.reshape(x32.shape)
     xm = xm.movedim(axis, -1).contiguous()
-    out = None
-    if backend == "cuda":
-        from . import nvfp4_cuda  # Numba CUDA loads on first use
-        out = nvfp4_cuda.quantize(xm, fmt, keys, MODE[fmt.rounding], tensor_scale)
-    out = reference(xm, fmt, keys) if out is None else out
-    return out.movedim(-1, axis).reshape(x32.shape)
+    return reference(xm, fmt, keys).movedim(-1, axis).reshape(x32.shape)

@@ -1,6 +1,11 @@
 """The scaling steps of ``bfp.formats.scaled.Scaled`` around the element rounding (which is the plain
 ``Float`` path of ``dispatch``): amax, the scale, ``x * scale`` clamped, and ``q / scale``.
-PyTorch float32 operations, so the same on every device."""
+PyTorch operations, so the same on every device: the two divisions run in float64 and round once to
+float32, which equals IEEE float32 division (a quotient of two float32 values rounded to float64 and
+then to float32 is the correctly rounded float32 quotient: 53 >= 2 * 24 + 2 bits), whatever the
+device's kernel does. PyTorch's CUDA kernels divide a tensor by a scalar as a multiplication by its
+reciprocal (pytorch/pytorch issues 191495, 186618), which in float32 lands one ulp off; in float64
+that error is far below what the final rounding to float32 can see."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -31,7 +36,8 @@ def _amax_torch(x32: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
 def scale_of(amax: torch.Tensor, fmt: Scaled) -> torch.Tensor:
     """Step 2: ``fmt.max / amax`` (1 where amax is 0), power of two with ``pow2``."""
     top = torch.tensor(fmt.fmt.max, dtype=torch.float32, device=amax.device)
-    scale = torch.where(amax > 0, top / amax.clamp(min=torch.finfo(torch.float32).tiny), 1.0).clamp(max=_F32_MAX)
+    quotient = _div(top, amax.clamp(min=torch.finfo(torch.float32).tiny))
+    scale = torch.where(amax > 0, quotient, 1.0).clamp(max=_F32_MAX)
     if fmt.pow2:  # 2**floor(log2 scale): keep the exponent bits of a positive normal float32
         scale = (scale.view(torch.int32) & 0x7F800000).view(torch.float32)
     return scale
@@ -67,6 +73,12 @@ def prepare(x32: torch.Tensor, fmt: Scaled, given_amax: Optional[torch.Tensor] =
     return (x32 * scale).clamp(-fmt.fmt.max, fmt.fmt.max), scale
 
 
+def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float32 ``a / b`` correctly rounded on every device (module docstring); float32 overflow
+    gives Inf as the float32 division does."""
+    return (a.double() / b.double()).float()
+
+
 def finish(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Step 4: the dequantised value ``q / scale``."""
-    return q / scale
+    """Step 4: the dequantised value ``q / scale``, an IEEE float32 division on every device."""
+    return _div(q, scale)

@@ -1,0 +1,122 @@
+"""Speed evidence without a GPU: the Triton quantize kernels compiled for sm_90 (H100/H200) ahead of
+time with triton's bundled ptxas (no GPU needed), and their SASS counted per format.
+
+    python benchmarks/sass_count.py [--json out.json]
+
+For each format it compiles the kernel a 64x128x32x32 tensor takes (``bfp.kernels.triton_cuda``:
+``_elementwise`` for element-wise formats, ``_tiles`` for tiled ones) with the format's constants,
+disassembles it (``cuobjdump -sass``) and prints thread-instructions per element (the kernels are
+straight-line: every thread runs each instruction once, so per element = instructions x threads
+per program / elements per program), registers and spill bytes. An H200 moves a float32 element in
+and out at copy speed (about 4.2 TB/s, 8 bytes an element) in the time its SMs issue about 60
+thread-instructions per element (132 SMs x 4 schedulers x 1.98 GHz / 525 G elements/s), so a
+kernel under that budget can reach copy bandwidth; one over it is bound by its arithmetic. The
+counts are the evidence the issue asks for until a GPU measures the kernels (benchmarks/gpu_check.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    sys.exit("sass_count compiles kernels: unset TRITON_INTERPRET")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from bfp import format_from_name  # noqa: E402
+from bfp.kernels.plan import canonical_4d, rule_for, tile_for  # noqa: E402
+from bfp.kernels.scalar import _tile_consts  # noqa: E402
+from bfp.kernels.triton_cuda import element as E  # noqa: E402
+
+SHAPE = (64, 128, 32, 32)
+FORMATS = ("fb12", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16", "float4_e2m1fn",
+           "mxfp8_e4m3", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8", "p3109_k8p3se")
+BUDGET = 60
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def _sass(kernel) -> tuple[int, int, int]:
+    """(SASS instructions, registers, spill bytes) of a compiled kernel."""
+    tool = os.path.join(TOOLS, "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    ins = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    spill = sum(int(v) for v in re.findall(r"(?:STACK|LOCAL):(\d+)", res))
+    return ins, regs, spill
+
+
+def _compile(fn, sig: dict, consts: dict, warps: int = 4):
+    sig = {**sig, **{k: "constexpr" for k in consts}}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps})
+
+
+PTRS = {"x_ptr": "*i32", "o_ptr": "*i32", "keys_ptr": "*i64", "part_ptr": "*i64"}
+
+
+def count(name: str, stats: bool = False, warps=None) -> dict:
+    """The row of ``name`` (a format preset) on ``SHAPE``."""
+    fmt = format_from_name(name)
+    rule = rule_for(fmt)
+    tile = tile_for(fmt, SHAPE)
+    if tile is None:
+        qt, p2q, hi, lo = _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept,
+                                       rule.emaxq)
+        consts = dict(QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
+                      OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, STATS=stats, BLOCK=E.ELEMS, IDX64=False)
+        warps = 4 if warps is None else warps
+        k = _compile(E._elementwise, {**PTRS, "n": "i64"}, consts, warps)
+        per_program, kernel = E.ELEMS, "_elementwise"
+    else:
+        shape4, tile4 = canonical_4d(SHAPE, tile)
+        cfg = E.tile_config(shape4, tile4)
+        if cfg["big"]:
+            raise ValueError(f"{name}: tiles of {tile4} take _big_tiles (a loop), not counted here")
+        consts = dict(**cfg["consts"], **E._rule_consts(rule), STATS=stats, IDX64=False)
+        sig = {**PTRS, **{k: "i32" for k in ("D0", "D1", "D2", "D3", "n1", "n2", "n3", "n_tiles")}}
+        warps = cfg["warps"] if warps is None else warps
+        k = _compile(E._tiles, sig, consts, warps)
+        size = tile4[0] * tile4[1] * tile4[2] * tile4[3]
+        per_program = cfg["TPP"] * size
+        kernel = (f"_tiles {'x'.join(map(str, tile4))} in {cfg['consts']['PT']} slots, {cfg['TPP']} a program"
+                  + (", runs" if cfg["consts"]["RUNS"] else ""))
+    ins, regs, spill = _sass(k)
+    return {"format": name, "kernel": kernel, "stats": stats, "warps": warps, "sass": ins, "registers": regs,
+            "spill_bytes": spill,
+            "per_element": round(ins * 32 * warps / per_program, 1)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", help="write the rows here too")
+    p.add_argument("--formats", default=",".join(FORMATS))
+    args = p.parse_args(argv)
+    rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)]
+    print(f"triton {triton.__version__}, sm_90, tensor {'x'.join(map(str, SHAPE))}; budget ~{BUDGET} "
+          f"thread-instructions per element at H200 copy bandwidth")
+    print(f"{'format':16} {'per elem':>8} {'regs':>5} {'spill':>5} {'warps':>5}  kernel")
+    for r in rows:
+        flag = "" if r["per_element"] <= BUDGET else "  (over budget)"
+        print(f"{r['format'] + (' +stats' if r['stats'] else ''):16} {r['per_element']:8.1f} {r['registers']:5d} "
+              f"{r['spill_bytes']:5d} {r['warps']:5d}  {r['kernel']}{flag}")
+    doc = {"triton": triton.__version__, "target": "sm_90", "shape": SHAPE, "budget": BUDGET, "rows": rows}
+    print(json.dumps(doc))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Triton kernels for the element-rule families (Float, BlockFloat, MX, P3109): one pass, no atomics.
+
+* ``_elementwise``: element-wise formats, ``BLOCK`` elements a program; the rule's constants are
+  the host's (one tile of scale 0), so the kernel is the rule alone.
+* ``_tiles``: tiled formats over the canonical 4-D view (``plan.canonical_4d``). A program owns
+  ``TPP`` whole tiles; a tile's ``G0*G1*G2*G3`` elements are enumerated as ``PT`` slots (the next
+  power of two), so each tile's largest finite magnitude is one ``tl.max(axis=1)`` in registers
+  and its constants are computed once per tile row, then broadcast.
+* ``_big_tiles``: a tile of more than ``MAX_SLOTS`` elements (a row of thousands, a whole tensor):
+  one program a tile, which sweeps it twice in chunks (its maximum, then the rule): still one launch.
+
+Counts, when asked for, are each program's two sums in a small buffer that torch adds (no atomics;
+the buffer is allocated only then). Stochastic keys are read from a device tensor (no host
+round trip). Flat element indices are int32, and int64 (``IDX64``) for a tensor of 2**31 elements
+or more; the lanes hold float32 bit patterns as int32 (``rule.py``).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..scalar import _tile_consts, ilog2 as py_ilog2
+from .rule import MAG, EXP_INF, quant_elem, rand32, tile_consts
+
+MAX_SLOTS = 2048      # a tile of at most this many slots fits one program with others
+ELEMS = 2048          # elements a program handles (element-wise, and tiles x slots)
+CHUNK = 1024          # _big_tiles' sweep
+
+
+@triton.jit
+def _keys(keys_ptr):
+    return tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32)
+
+
+@triton.jit
+def _counts(part_ptr, pid, b, o, msk):
+    nz = msk & ((b & MAG) != 0)
+    tl.store(part_ptr + 2 * pid, tl.sum(nz.to(tl.int32)).to(tl.int64))
+    tl.store(part_ptr + 2 * pid + 1, tl.sum((nz & ((o & MAG) == 0)).to(tl.int32)).to(tl.int64))
+
+
+@triton.jit
+def _elementwise(x_ptr, o_ptr, keys_ptr, part_ptr, n, QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr,
+                 LO: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr,
+                 OVF_INF: tl.constexpr, INF_NAN: tl.constexpr, STATS: tl.constexpr, BLOCK: tl.constexpr,
+                 IDX64: tl.constexpr):
+    pid = tl.program_id(0)
+    if IDX64:
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+    msk = offs < n
+    b = tl.load(x_ptr + offs, mask=msk, other=0)
+    r = tl.zeros(b.shape, tl.uint32)
+    if MODE == 2:
+        k0, k1 = _keys(keys_ptr)
+        r = rand32(k0, k1, offs, IDX64)
+    o = quant_elem(b, QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
+    tl.store(o_ptr + offs, o, mask=msk)
+    if STATS:
+        _counts(part_ptr, pid, b, o, msk)
+
+
+@triton.jit
+def _wrap(v, n, c):
+    """``v + c`` on an axis of ``n`` tiles (``v < n``, ``c < n``): (the index, the carry on, 0 or 1)."""
+    v = v + c
+    over = (v >= n).to(v.dtype)
+    return v - over * n, over
+
+
+@triton.jit
+def _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, t_first,
+                  G0: tl.constexpr, G1: tl.constexpr, G2: tl.constexpr, G3: tl.constexpr, RUNS: tl.constexpr):
+    """Flat offsets of slots ``s`` (a row, [1, S]) of the tiles ``t_first + j`` (``j`` a column,
+    [T, 1]) and which exist. The first tile's 4-D index (``t0b``..``t3b``) is the caller's, once a
+    program; a row's index carries into the next axis at most once (``T <= n3``, the host's
+    choice), so no row divides. ``RUNS``: every tile is ``G3`` consecutive elements (``G0 = G1 =
+    G2 = 1``, ``G3`` divides ``D3``), at ``t * G3``."""
+    t = t_first + j
+    if RUNS:
+        return t * G3 + s, (t < n_tiles) & (s < G3)
+    t3, c = _wrap(t3b, n3, j)
+    t2, c = _wrap(t2b, n2, c)
+    t1, c = _wrap(t1b, n1, c)
+    t0 = t0b + c
+    g3 = s % G3
+    g2 = (s // G3) % G2
+    g1 = (s // (G3 * G2)) % G1
+    g0 = s // (G3 * G2 * G1)
+    base = ((t0 * G0 * D1 + t1 * G1) * D2 + t2 * G2) * D3 + t3 * G3
+    inner = ((g0 * D1 + g1) * D2 + g2) * D3 + g3
+    msk = (t < n_tiles) & (s < G0 * G1 * G2 * G3)
+    if G0 > 1:
+        msk = msk & (g0 < D0 - t0 * G0)
+    if G1 > 1:
+        msk = msk & (g1 < D1 - t1 * G1)
+    if G2 > 1:
+        msk = msk & (g2 < D2 - t2 * G2)
+    if G3 > 1:
+        msk = msk & (g3 < D3 - t3 * G3)
+    return base + inner, msk
+
+
+@triton.jit
+def _first_tile(t, n1, n2, n3):
+    """The 4-D index of tile ``t`` (a scalar: once a program)."""
+    return t // (n3 * n2 * n1), (t // (n3 * n2)) % n1, (t // n3) % n2, t % n3
+
+
+@triton.jit
+def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles,
+           G0: tl.constexpr, G1: tl.constexpr, G2: tl.constexpr, G3: tl.constexpr, PT: tl.constexpr,
+           TPP: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr, SCALE: tl.constexpr, SOFF: tl.constexpr,
+           QOFF: tl.constexpr, LIM: tl.constexpr, PLIM: tl.constexpr, EMIN: tl.constexpr, MAN: tl.constexpr,
+           MAXKEPT: tl.constexpr, PMAXKEPT: tl.constexpr, EMAXQ: tl.constexpr, TOP: tl.constexpr,
+           MB: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
+           STATS: tl.constexpr, IDX64: tl.constexpr, RUNS: tl.constexpr):
+    pid = tl.program_id(0)
+    first = pid * TPP
+    if IDX64:
+        first = first.to(tl.int64)
+    t0b, t1b, t2b, t3b = _first_tile(first, n1, n2, n3)
+    j = tl.arange(0, TPP)[:, None]
+    s = tl.arange(0, PT)[None, :]
+    off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
+                             G0, G1, G2, G3, RUNS)
+    b = tl.load(x_ptr + off, mask=msk, other=0)
+    m = b & MAG
+    tmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True)
+    qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
+                                  EMAXQ, TOP, MB)
+    r = tl.zeros(b.shape, tl.uint32)
+    if MODE == 2:
+        k0, k1 = _keys(keys_ptr)
+        r = rand32(k0, k1, off, IDX64)
+    o = quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
+    tl.store(o_ptr + off, o, mask=msk)
+    if STATS:
+        _counts(part_ptr, pid, b, o, msk)
+
+
+@triton.jit
+def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles,
+               G0: tl.constexpr, G1: tl.constexpr, G2: tl.constexpr, G3: tl.constexpr, SIZE: tl.constexpr,
+               CH: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr, SCALE: tl.constexpr, SOFF: tl.constexpr,
+               QOFF: tl.constexpr, LIM: tl.constexpr, PLIM: tl.constexpr, EMIN: tl.constexpr, MAN: tl.constexpr,
+               MAXKEPT: tl.constexpr, PMAXKEPT: tl.constexpr, EMAXQ: tl.constexpr, TOP: tl.constexpr,
+               MB: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
+               STATS: tl.constexpr, IDX64: tl.constexpr, RUNS: tl.constexpr):
+    pid = tl.program_id(0)
+    first = pid
+    if IDX64:
+        first = first.to(tl.int64)
+    t0b, t1b, t2b, t3b = _first_tile(first, n1, n2, n3)
+    j = tl.zeros((1, 1), tl.int32)
+    tmax = tl.zeros((1, 1), tl.int32)
+    for c in range(0, SIZE, CH):
+        s = c + tl.arange(0, CH)[None, :]
+        off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
+                                 G0, G1, G2, G3, RUNS)
+        m = tl.load(x_ptr + off, mask=msk, other=0) & MAG
+        tmax = tl.maximum(tmax, tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True))
+    qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
+                                  EMAXQ, TOP, MB)
+    nz = tl.zeros((1, CH), tl.int32)
+    zc = tl.zeros((1, CH), tl.int32)
+    if MODE == 2:
+        k0, k1 = _keys(keys_ptr)
+    for c in range(0, SIZE, CH):
+        s = c + tl.arange(0, CH)[None, :]
+        off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
+                                 G0, G1, G2, G3, RUNS)
+        b = tl.load(x_ptr + off, mask=msk, other=0)
+        r = tl.zeros(b.shape, tl.uint32)
+        if MODE == 2:
+            r = rand32(k0, k1, off, IDX64)
+        o = quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
+        tl.store(o_ptr + off, o, mask=msk)
+        if STATS:
+            a = msk & ((b & MAG) != 0)
+            nz += a.to(tl.int32)
+            zc += (a & ((o & MAG) == 0)).to(tl.int32)
+    if STATS:
+        tl.store(part_ptr + 2 * pid, tl.sum(nz).to(tl.int64))
+        tl.store(part_ptr + 2 * pid + 1, tl.sum(zc).to(tl.int64))
+
+
+def _rule_consts(rule) -> dict:
+    kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
+    top = lim if kind == 1 else maxkept
+    return dict(KIND=kind, MODE=mode, SCALE=scale, SOFF=soff, QOFF=qoff, LIM=lim, PLIM=py_ilog2(lim) if lim else 0,
+                EMIN=emin, MAN=man, MAXKEPT=maxkept, PMAXKEPT=py_ilog2(maxkept) if maxkept else 0, EMAXQ=emaxq,
+                TOP=top, MB=py_ilog2(top) if top else 0, FTZ=ftz, OVF_INF=ovf_inf, INF_NAN=inf_nan)
+
+
+def tile_config(shape4, tile4) -> dict:
+    """How a tiled launch covers ``shape4`` with ``tile4``: the tile counts, whether the big-tile
+    kernel runs, tiles a program (``TPP``) and the kernel's tile constants."""
+    (D0, D1, D2, D3), (G0, G1, G2, G3) = shape4, tile4
+    n1, n2, n3 = -(-D1 // G1), -(-D2 // G2), -(-D3 // G3)
+    size = G0 * G1 * G2 * G3
+    runs = G0 == G1 == G2 == 1 and D3 % G3 == 0
+    pt = triton.next_power_of_2(size)
+    consts = dict(G0=G0, G1=G1, G2=G2, G3=G3, RUNS=runs)
+    out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS)
+    if out["big"]:  # one program a tile, swept in chunks
+        return dict(out, TPP=1, warps=4, consts=dict(consts, SIZE=size, CH=CHUNK))
+    tpp = max(1, ELEMS // pt)
+    if not runs:  # a program's rows carry into the next axis at most once: TPP <= n3
+        tpp = min(tpp, 1 << (n3.bit_length() - 1))
+    # Strided tiles: 2 warps, so a thread's share of the slot arithmetic covers more rows (sm_90 SASS:
+    # fb16 on NCHW 135 thread-instructions an element with 4 warps, 90 with 2; BENCHMARKS.md).
+    return dict(out, TPP=tpp, warps=4 if runs else 2, consts=dict(consts, PT=pt, TPP=tpp))
+
+
+def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
+    """Quantize contiguous float32 ``x32`` into ``out`` (both on one device; a CPU tensor only under
+    ``TRITON_INTERPRET=1``); ``keys``: an int64 tensor of the two stochastic keys on that device (or
+    None unless stochastic). Returns the int64 counts ``[nonzero_in, zeroed]`` or None."""
+    import torch
+    n = x32.numel()
+    xb, ob = x32.view(torch.int32).reshape(-1), out.view(torch.int32).reshape(-1)
+    if keys is None:
+        keys = xb  # never read: the keys are loaded only in stochastic mode
+    c = _rule_consts(rule)
+    idx64 = n + 2 * ELEMS >= 2 ** 31  # flat offsets past int32 (with a block's overhang): int64 indices
+    if shape4 is None:
+        qt, p2q, hi, lo = _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept,
+                                       rule.emaxq)
+        grid = (triton.cdiv(n, ELEMS),)
+        part = torch.empty((grid[0], 2), dtype=torch.int64, device=x32.device) if stats else xb
+        _elementwise[grid](xb, ob, keys, part, n, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode,
+                           MAN=rule.man, FTZ=rule.ftz, OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, STATS=stats,
+                           BLOCK=ELEMS, IDX64=idx64)
+    else:
+        cfg = tile_config(shape4, tile4)
+        grid = (triton.cdiv(cfg["n_tiles"], cfg["TPP"]),)
+        part = torch.empty((grid[0], 2), dtype=torch.int64, device=x32.device) if stats else xb
+        kernel = _big_tiles if cfg["big"] else _tiles
+        kernel[grid](xb, ob, keys, part, *shape4, *cfg["counts"], cfg["n_tiles"], **cfg["consts"], **c, STATS=stats,
+                     IDX64=idx64, num_warps=cfg["warps"])
+    return part.sum(0) if stats else None

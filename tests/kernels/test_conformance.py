@@ -1,0 +1,115 @@
+"""One conformance suite over every backend: each format family and preset, each rounding, shapes
+whose tiles do and do not divide, 1-D and 2-D blocks, one element, zero, subnormal, Inf and NaN
+tiles and both signs of zero: bit-exact against the PyTorch reference, with the same counts.
+
+The Triton backend runs on CUDA tensors where a GPU is present and otherwise under Triton's
+interpreter on CPU tensors (``tests/conftest.py`` sets ``TRITON_INTERPRET=1``): its kernels are
+integer-only, so the interpreter computes the bits a GPU does. Families the Triton backend has no
+kernel for (NVFP4, the fused accumulators) take the reference on the tensor's device by the kernels'
+fallback policy, and are checked through the same door.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from bfp import BlockFloat, Float, MX, format_from_name, format_names
+from bfp.formats import Rounding
+from bfp.formats.nvfp4 import NVFP4
+from bfp.kernels import quantize_stats
+from bfp.kernels.dispatch import BACKENDS
+
+DEVICE = {"reference": "cpu", "cpu": "cpu", "triton": "cuda" if torch.cuda.is_available() else "cpu"}
+FAST = [b for b in BACKENDS if b != "reference"]
+
+
+def _edge_rows(width: int) -> torch.Tensor:
+    """Rows that make whole tiles of one kind: zeros, ±0, subnormals, Inf, NaN, a max, ties."""
+    rows = [[0.0] * width, [-0.0, 0.0] * (width // 2), [1e-40, -3e-41, 2e-45, 0.0] * (width // 4),
+            [float("inf"), 1.0, -2.0, 0.5] * (width // 4), [float("nan"), 3.0, -0.0, 7.0] * (width // 4),
+            [3.4e38, -3.0e38, 1.0, 0.0] * (width // 4), [0.375, 0.75, 1.5, 2.5] * (width // 4),
+            [float("-inf")] * width]
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def _inputs() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-30, 30, shape, generator=g).float())
+    return [torch.tensor([1.75]), torch.tensor(-0.0).reshape(1), rand(7, 33), rand(4, 12, 3, 3), rand(2, 5, 17),
+            rand(3, 70), rand(32, 48), _edge_rows(32), _edge_rows(64).reshape(2, 16, 16)]
+
+
+INPUTS = _inputs()
+
+
+def _variants(fmt):
+    """The format with each rounding it can take (and MX's four scale modes)."""
+    out = [fmt]
+    for r in Rounding:
+        try:
+            if isinstance(fmt, MX):
+                out.append(dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding=r)))
+            elif hasattr(fmt, "rounding"):
+                out.append(dataclasses.replace(fmt, rounding=r))
+        except (TypeError, ValueError):
+            pass
+    if isinstance(fmt, MX):
+        out += [dataclasses.replace(fmt, scale_mode=m) for m in ("ceil", "even", "rceil")]
+    return list(dict.fromkeys(out))
+
+
+EXTRA = [BlockFloat(5, (2, 3), "nearest"), BlockFloat(6, (1, 4, 2, 3), "stochastic"), BlockFloat(8, (64,), "nearest"),
+         BlockFloat(4, (1, 4096), "truncate"), Float(4, 3, "stochastic", encoding="fn"), Float(3, 0),
+         MX("float6_e3m2fn", block=8, axis=1), MX("float8_e4m3fn", block=(4, 3), axis=-1, scale_mode="rceil"),
+         MX(Float(3, 0, encoding="finite"), block=8), MX("int8", block=4, scale_mode="even"),
+         NVFP4(block=(16, 16)), NVFP4(axis=0), NVFP4(block=8, tensor_scale=False)]
+PRESETS = [n for n in format_names() if "delayed" not in n]
+
+
+def _same(fmt, backend: str, fails: list) -> None:
+    for x in INPUTS:
+        try:
+            want = quantize_stats(x, fmt, generator=torch.Generator().manual_seed(9), backend="reference")
+        except ValueError:  # a shape the format cannot tile (an NVFP4 axis it lacks): refused alike
+            with pytest.raises(ValueError):
+                quantize_stats(x.to(DEVICE[backend]), fmt, backend=backend)
+            continue
+        got = quantize_stats(x.to(DEVICE[backend]), fmt, generator=torch.Generator().manual_seed(9), backend=backend)
+        if not (torch.equal(want[0].view(torch.int32), got[0].cpu().view(torch.int32))
+                and torch.equal(want[1], got[1].cpu())):
+            fails.append(f"{fmt!r} on {tuple(x.shape)}: counts {want[1].tolist()} vs {got[1].tolist()}")
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_and_rounding_is_bit_exact_with_the_reference(name, backend):
+    fails: list = []
+    for fmt in _variants(format_from_name(name)):
+        _same(fmt, backend, fails)
+    assert not fails, "\n".join(fails[:10])
+
+
+@pytest.mark.parametrize("backend", FAST)
+@pytest.mark.parametrize("fmt", EXTRA, ids=repr)
+def test_other_tiles_blocks_and_elements_are_bit_exact_with_the_reference(fmt, backend):
+    fails: list = []
+    _same(fmt, backend, fails)
+    assert not fails, "\n".join(fails[:10])
+
+
+def test_the_suite_covers_every_registered_family_and_backend():
+    from bfp.formats.base import kernel_families
+    families = {type(format_from_name(n)) for n in PRESETS} | {type(f) for f in EXTRA}
+    assert set(kernel_families()) <= families | {type(format_from_name("fp8_e4m3_delayed"))}
+    assert set(FAST) == {"cpu", "triton"}
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_an_empty_tensor_and_a_meta_tensor_are_handled_alike(backend):
+    fmt = format_from_name("fb16")
+    out, counts = quantize_stats(torch.empty(0, 4, device=DEVICE[backend]), fmt, backend=backend)
+    assert out.shape == (0, 4) and counts.tolist() == [0, 0]
+    out, counts = quantize_stats(torch.empty(2, 4, device="meta"), fmt, backend=backend)
+    assert out.device.type == "meta" and out.shape == (2, 4)
