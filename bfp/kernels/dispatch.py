@@ -7,10 +7,8 @@ import torch
 
 from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, kernel_for, register_kernel
 from . import nvfp4, scaled
-from .pages import advise
-from .plan import canonical_4d, rule_for, tile_for
-from .reference import quantize_reference
-from .scalar import MAG
+from .plan import rule_for, tile_for
+from .ops import _counts_torch, quantize_rule
 
 BACKENDS = ("reference", "cpu", "triton")
 ALIASES = {"cuda": "triton"}  # the GPU backend's earlier name
@@ -53,11 +51,6 @@ def _check(x, fmt) -> None:
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"quantize supports float32, float16, bfloat16 and float64 tensors, "
                         f"got {x.dtype}")
-
-
-def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
-    nz = (xb & MAG) != 0
-    return torch.stack([nz.sum(), (nz & ((ob & MAG) == 0)).sum()])
 
 
 def nvfp4_keys(fmt: NVFP4, generator) -> tuple[int, int]:
@@ -129,10 +122,7 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
     ones that register a rule with ``plan.register_rule``."""
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
-    if backend == "triton":
-        keys = device_keys(generator, x.device) if rule.mode == 2 else None
-    else:
-        keys = _keys(generator) if rule.mode == 2 else (0, 0)
+    keys = None if rule.mode != 2 else device_keys(generator, x.device) if backend == "triton" else _draw(generator)
     if x.device.type == "meta":  # shapes only (model tracing, FakeTensor): the format is checked above
         counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
         return torch.empty_like(x), counts
@@ -140,28 +130,8 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
     if x32.numel() == 0:
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
         return x.detach().clone(), (zero if stats else None)
-
-    canon = None if tile is None else canonical_4d(tuple(x32.shape), tile)
-    if backend == "reference" or (tile is not None and canon is None):
-        if keys is None or isinstance(keys, torch.Tensor):  # the reference takes the keys as numbers
-            keys = (0, 0) if keys is None else tuple(int(v) for v in keys.tolist())
-        out = quantize_reference(x32, rule, tile, keys)
-        counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
-    else:
-        shape4, tile4 = canon if canon is not None else (None, None)
-        out = torch.empty_like(x32)
-        if backend == "cpu":
-            if x32.is_cuda:
-                raise ValueError("backend='cpu' needs a CPU tensor; got one on " + str(x32.device))
-            advise(out)  # huge pages for the untouched output: see pages.py
-            from . import cpu
-            nz, zc = cpu.run(x32.view(torch.int32).numpy().reshape(-1),
-                             out.view(torch.int32).numpy().reshape(-1), rule, shape4, tile4, keys, stats)
-            counts = torch.tensor([nz, zc], dtype=torch.int64) if stats else None
-        else:
-            from .triton_cuda import run  # Triton loads on first use
-            counts = run(x32, out, rule, shape4, tile4, keys, stats)
-    return out.to(x.dtype), counts
+    out, counts = quantize_rule(x32, list(rule), list(tile or ()), keys, stats, backend)
+    return out.to(x.dtype), (counts if stats else None)
 
 
 for _family, _kernel in ((Float, element_rule), (BlockFloat, element_rule), (MX, element_rule), (NVFP4, _nvfp4),
