@@ -8,7 +8,7 @@ import torch
 from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, kernel_for, register_kernel
 from . import nvfp4, scaled
 from .plan import rule_for, tile_for
-from .ops import _counts_torch, quantize_rule
+from .ops import _counts_torch, quantize_rule_call
 
 BACKENDS = ("reference", "cpu", "triton")
 ALIASES = {"cuda": "triton"}  # the GPU backend's earlier name
@@ -126,12 +126,15 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
     if x.device.type == "meta":  # shapes only (model tracing, FakeTensor): the format is checked above
         counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
         return torch.empty_like(x), counts
-    x32 = x.detach().to(torch.float32).contiguous()  # a copy unless x is float32 already
+    x32 = x.detach()
+    if x32.dtype != torch.float32:
+        x32 = x32.float()  # a copy unless x is float32 already
+    x32 = x32.contiguous()
     if x32.numel() == 0:
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
         return x.detach().clone(), (zero if stats else None)
-    out, counts = quantize_rule(x32, list(rule), list(tile or ()), keys, stats, backend)
-    return out.to(x.dtype), (counts if stats else None)
+    out, counts = quantize_rule_call(x32, rule, tile or (), keys, stats, backend)
+    return (out if x.dtype == torch.float32 else out.to(x.dtype)), (counts if stats else None)
 
 
 for _family, _kernel in ((Float, element_rule), (BlockFloat, element_rule), (MX, element_rule), (NVFP4, _nvfp4),

@@ -8,6 +8,7 @@ GPU compute the same bits. Triton ships with PyTorch's CUDA wheels on Linux; els
 """
 from __future__ import annotations
 
+import functools
 import os
 
 __all__ = ["run", "interpreted"]
@@ -15,7 +16,10 @@ __all__ = ["run", "interpreted"]
 
 def interpreted() -> bool:
     """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``): kernels then take CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    return _INTERPRETED
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")  # read once, as triton does
 
 
 def run(x32, out, rule, shape4, tile4, keys, stats: bool):
@@ -25,9 +29,15 @@ def run(x32, out, rule, shape4, tile4, keys, stats: bool):
     if not x32.is_cuda and not interpreted():
         raise ValueError(f"the Triton backend runs CUDA tensors (or CPU tensors under TRITON_INTERPRET=1); got "
                          f"one on {x32.device}: use backend='cpu' or 'reference' for it")
+    return _launch()(x32, out, rule, shape4, tile4, keys, stats)
+
+
+@functools.lru_cache(maxsize=1)
+def _launch():
+    """``element.launch``, imported (and its kernels decorated) on first use."""
     try:
         from .element import launch
     except ImportError as e:  # pragma: no cover - torch's Linux CUDA wheels bring triton
         raise RuntimeError(f"the Triton backend needs the triton package ({e}); it ships with PyTorch's CUDA "
                            f"wheels on Linux, elsewhere: pip install triton") from None
-    return launch(x32, out, rule, shape4, tile4, keys, stats)
+    return launch

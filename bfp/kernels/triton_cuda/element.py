@@ -16,12 +16,16 @@ or more; the lanes hold float32 bit patterns as int32 (``rule.py``).
 """
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
 from ..scalar import _tile_consts, ilog2 as py_ilog2
 from .rule import MAG, EXP_INF, quant_elem, rand32, tile_consts
 
+_INT64 = torch.int64
 MAX_SLOTS = 2048      # a tile of at most this many slots fits one program with others
 ELEMS = 2048          # elements a program handles (element-wise, and tiles x slots)
 CHUNK = 1024          # _big_tiles' sweep
@@ -50,13 +54,13 @@ def _elementwise(x_ptr, o_ptr, keys_ptr, part_ptr, n, QT: tl.constexpr, P2Q: tl.
     else:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
     msk = offs < n
-    b = tl.load(x_ptr + offs, mask=msk, other=0)
+    b = tl.load(x_ptr + offs, mask=msk, other=0.0).to(tl.int32, bitcast=True)
     r = tl.zeros(b.shape, tl.uint32)
     if MODE == 2:
         k0, k1 = _keys(keys_ptr)
         r = rand32(k0, k1, offs, IDX64)
     o = quant_elem(b, QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
-    tl.store(o_ptr + offs, o, mask=msk)
+    tl.store(o_ptr + offs, o.to(tl.float32, bitcast=True), mask=msk)
     if STATS:
         _counts(part_ptr, pid, b, o, msk)
 
@@ -125,7 +129,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles
     s = tl.arange(0, PT)[None, :]
     off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
                              G0, G1, G2, G3, RUNS)
-    b = tl.load(x_ptr + off, mask=msk, other=0)
+    b = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True)
     m = b & MAG
     tmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True)
     qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
@@ -135,7 +139,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles
         k0, k1 = _keys(keys_ptr)
         r = rand32(k0, k1, off, IDX64)
     o = quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
-    tl.store(o_ptr + off, o, mask=msk)
+    tl.store(o_ptr + off, o.to(tl.float32, bitcast=True), mask=msk)
     if STATS:
         _counts(part_ptr, pid, b, o, msk)
 
@@ -159,7 +163,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         s = c + tl.arange(0, CH)[None, :]
         off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
                                  G0, G1, G2, G3, RUNS)
-        m = tl.load(x_ptr + off, mask=msk, other=0) & MAG
+        m = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True) & MAG
         tmax = tl.maximum(tmax, tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True))
     qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
                                   EMAXQ, TOP, MB)
@@ -171,12 +175,12 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         s = c + tl.arange(0, CH)[None, :]
         off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
                                  G0, G1, G2, G3, RUNS)
-        b = tl.load(x_ptr + off, mask=msk, other=0)
+        b = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True)
         r = tl.zeros(b.shape, tl.uint32)
         if MODE == 2:
             r = rand32(k0, k1, off, IDX64)
         o = quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
-        tl.store(o_ptr + off, o, mask=msk)
+        tl.store(o_ptr + off, o.to(tl.float32, bitcast=True), mask=msk)
         if STATS:
             a = msk & ((b & MAG) != 0)
             nz += a.to(tl.int32)
@@ -186,6 +190,15 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         tl.store(part_ptr + 2 * pid + 1, tl.sum(zc).to(tl.int64))
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_at_least(v: int) -> int:
+    return 1 << max(v - 1, 0).bit_length()
+
+
+@functools.lru_cache(maxsize=256)
 def _rule_consts(rule) -> dict:
     kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
     top = lim if kind == 1 else maxkept
@@ -194,6 +207,13 @@ def _rule_consts(rule) -> dict:
                 TOP=top, MB=py_ilog2(top) if top else 0, FTZ=ftz, OVF_INF=ovf_inf, INF_NAN=inf_nan)
 
 
+@functools.lru_cache(maxsize=256)
+def _elementwise_consts(rule) -> tuple:
+    """The one tile's constants of an element-wise rule (scale 0), the host's."""
+    return _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept, rule.emaxq)
+
+
+@functools.lru_cache(maxsize=1024)
 def tile_config(shape4, tile4) -> dict:
     """How a tiled launch covers ``shape4`` with ``tile4``: the tile counts, whether the big-tile
     kernel runs, tiles a program (``TPP``) and the kernel's tile constants."""
@@ -201,7 +221,7 @@ def tile_config(shape4, tile4) -> dict:
     n1, n2, n3 = -(-D1 // G1), -(-D2 // G2), -(-D3 // G3)
     size = G0 * G1 * G2 * G3
     runs = G0 == G1 == G2 == 1 and D3 % G3 == 0
-    pt = triton.next_power_of_2(size)
+    pt = _pow2_at_least(size)
     consts = dict(G0=G0, G1=G1, G2=G2, G3=G3, RUNS=runs)
     out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS)
     if out["big"]:  # one program a tile, swept in chunks
@@ -214,30 +234,27 @@ def tile_config(shape4, tile4) -> dict:
     return dict(out, TPP=tpp, warps=4 if runs else 2, consts=dict(consts, PT=pt, TPP=tpp))
 
 
+@functools.lru_cache(maxsize=1024)
+def _plan(rule, n: int, shape4, tile4, stats: bool) -> tuple:
+    """(kernel, grid, extra positional arguments, keyword arguments) of one launch, by its key:
+    everything but the tensors, computed once for a rule and shape (a training step repeats them)."""
+    idx64 = n + 2 * ELEMS >= 2 ** 31  # flat offsets past int32 (with a block's overhang): int64 indices
+    if shape4 is None:
+        qt, p2q, hi, lo = _elementwise_consts(rule)
+        return _elementwise, (_cdiv(n, ELEMS),), (n,), dict(
+            QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
+            OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, STATS=stats, BLOCK=ELEMS, IDX64=idx64)
+    cfg = tile_config(shape4, tile4)
+    return (_big_tiles if cfg["big"] else _tiles), (_cdiv(cfg["n_tiles"], cfg["TPP"]),), \
+        (*shape4, *cfg["counts"], cfg["n_tiles"]), dict(**cfg["consts"], **_rule_consts(rule), STATS=stats,
+                                                        IDX64=idx64, num_warps=cfg["warps"])
+
+
 def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
     """Quantize contiguous float32 ``x32`` into ``out`` (both on one device; a CPU tensor only under
     ``TRITON_INTERPRET=1``); ``keys``: an int64 tensor of the two stochastic keys on that device (or
     None unless stochastic). Returns the int64 counts ``[nonzero_in, zeroed]`` or None."""
-    import torch
-    n = x32.numel()
-    xb, ob = x32.view(torch.int32).reshape(-1), out.view(torch.int32).reshape(-1)
-    if keys is None:
-        keys = xb  # never read: the keys are loaded only in stochastic mode
-    c = _rule_consts(rule)
-    idx64 = n + 2 * ELEMS >= 2 ** 31  # flat offsets past int32 (with a block's overhang): int64 indices
-    if shape4 is None:
-        qt, p2q, hi, lo = _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept,
-                                       rule.emaxq)
-        grid = (triton.cdiv(n, ELEMS),)
-        part = torch.empty((grid[0], 2), dtype=torch.int64, device=x32.device) if stats else xb
-        _elementwise[grid](xb, ob, keys, part, n, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode,
-                           MAN=rule.man, FTZ=rule.ftz, OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, STATS=stats,
-                           BLOCK=ELEMS, IDX64=idx64)
-    else:
-        cfg = tile_config(shape4, tile4)
-        grid = (triton.cdiv(cfg["n_tiles"], cfg["TPP"]),)
-        part = torch.empty((grid[0], 2), dtype=torch.int64, device=x32.device) if stats else xb
-        kernel = _big_tiles if cfg["big"] else _tiles
-        kernel[grid](xb, ob, keys, part, *shape4, *cfg["counts"], cfg["n_tiles"], **cfg["consts"], **c, STATS=stats,
-                     IDX64=idx64, num_warps=cfg["warps"])
+    kernel, grid, extra, kw = _plan(rule, x32.numel(), shape4, tile4, stats)
+    part = x32.new_empty((grid[0], 2), dtype=_INT64) if stats else x32
+    kernel[grid](x32, out, x32 if keys is None else keys, part, *extra, **kw)  # keys: read only if stochastic
     return part.sum(0) if stats else None
