@@ -10,7 +10,7 @@ Throughput counts bytes read plus bytes written (2 x 4 bytes per element).
 Both quantize and clone allocate their output, as users see them. Timings
 alternate between the two so that machine noise hits both alike; the ratio is
 of medians. On a CPU a third callable, quantize with the output on 4 KiB pages
-(``bfp.kernels.pages.off()``), is timed in the same rounds: "x clone 4K". Targets: >= 0.7x clone on a CPU for fb12 and float8_e4m3fn;
+(``bfp.kernels.numba_cpu.pages.off()``), is timed in the same rounds: "x clone 4K". Targets: >= 0.7x clone on a CPU for fb12 and float8_e4m3fn;
 >= 0.8x of device copy bandwidth on a GPU.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import bfp
 from bfp.hadamard import transform_quantize
 from bfp.precision import Hadamard
-from bfp.kernels import pages
+from bfp.kernels.numba_cpu import pages
 
 from _harness import alternate, emit_json, machine, print_table
 

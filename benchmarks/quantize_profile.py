@@ -16,7 +16,7 @@ import argparse
 import torch
 
 import bfp
-from bfp.kernels import cpu, pages
+from bfp.kernels.numba_cpu import cpu, pages
 from bfp.kernels.plan import canonical_4d, rule_for, tile_for
 
 from _harness import alternate, emit_json, machine, print_table

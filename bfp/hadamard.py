@@ -19,6 +19,7 @@ import torch
 
 from .formats import Format
 from .kernels import quantize
+from .kernels.runtime import cpu_kernel
 from .precision import Hadamard
 
 
@@ -63,10 +64,9 @@ def transform_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
     last block; the result has ``ceil(rows / block) * block`` rows. The arithmetic: the
     butterflies of ``butterflies`` in ``t``'s dtype, then row ``i`` times ``s_i / sqrt(block)``
     rounded to that dtype once (exact for block 4, 16, 64, 256: a power of two). A contiguous
-    CPU float32 ``t`` runs the Numba kernel (``bfp.kernels.hadamard_cpu``), the same bits."""
-    if t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() >= 2:
-        from .kernels.hadamard_cpu import transform_rows as numba_rows  # Numba loads on first use
-        return numba_rows(t.contiguous(), factor(rht))
+    CPU float32 ``t`` runs the Numba kernel (``bfp.kernels.numba_cpu.hadamard_cpu``), the same bits."""
+    if t.dtype == torch.float32 and t.dim() >= 2 and t.device.type == "cpu":
+        return cpu_kernel("hadamard_rows", t)(t.contiguous(), factor(rht))  # Numba loads on first use
     return reference_rows(t, rht)
 
 
@@ -93,8 +93,8 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
                        generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """``quantize(transform_rows(t, rht), fmt, generator=generator)``, the same bits and the same
     draws from ``generator``; where ``fusable``, one Numba kernel that never writes the
-    transformed tensor (``bfp.kernels.nvfp4_rht``)."""
+    transformed tensor (``bfp.kernels.numba_cpu.nvfp4_rht``)."""
     if not fusable(t, rht, fmt):
         return quantize(transform_rows(t, rht), fmt, generator=generator)
-    from .kernels.nvfp4_rht import transform_quantize as fused  # Numba loads on first use
+    fused = cpu_kernel("hadamard_nvfp4", t)  # Numba loads on first use (fusable: a CPU tensor)
     return fused(t, factor(rht), fmt, generator, lambda: transform_rows(t, rht))

@@ -6,7 +6,7 @@ the adder: products are exact; a group of ``terms`` products and the running acc
 aligned to the largest exponent among them; each term is cut to a fixed number of bits below it;
 the terms are summed exactly and the result is cut to a fixed width. ``FusedAccumulator`` holds
 those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them (a Numba kernel on CPU
-tensors, ``bfp.kernels.fused``; this module's float64 torch code is the reference it equals bit for
+tensors, ``bfp.kernels.numba_cpu.fused``; this module's float64 torch code is the reference it equals bit for
 bit, ``backend="reference"``, and what CUDA tensors run: no GPU kernel yet, by the kernels'
 fallback policy).
 
@@ -80,9 +80,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .kernels.cpu import threads_for
-from .kernels.fused import (SERIAL_PRODUCTS, ZERO_EXP, float32_exact, exponents32, fused_chain as _cpu_chain, fused_gemm32,
-                           operand_exponents)
+from .kernels.runtime import kernel
 from .precision import FusedAccumulator
 
 __all__ = ["FusedAccumulator", "fused_matmul", "fused_bmm", "accumulator_from_name", "FUSED_PRESETS"]
@@ -153,28 +151,30 @@ def _params(acc: FusedAccumulator) -> tuple:
 def _gemm32(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, chains: list[tuple[int, int]]) -> torch.Tensor:
     """A batch (B, M, K) @ (B, K, N) where ``float32_exact`` holds, every chain in one call of
     ``fused_gemm32``; operand exponents from their bits (``exponents32``)."""
+    F, threads_for = kernel("fused_accumulator", "cpu"), kernel("threads", "cpu")
     a, b = a.float().contiguous(), b.float().contiguous()
     (nb, m, k), n = a.shape, b.shape[2]
     ea, eb = torch.empty(a.shape, dtype=torch.int32), torch.empty(b.shape, dtype=torch.int32)
     for x, emin, e in zip((a, b), acc.emins(), (ea, eb)):
         with threads_for(x.numel()):
             rows = (x.shape[0] * x.shape[1], x.shape[2])
-            exponents32(x.view(rows).numpy(), emin, e.view(rows).numpy())
+            F.exponents32(x.view(rows).numpy(), emin, e.view(rows).numpy())
     out = torch.empty(nb, m, n, dtype=torch.float32)
     bounds = np.array([chains[0][0]] + [e for _, e in chains], dtype=np.int64)
-    with threads_for(nb * m * n * k, SERIAL_PRODUCTS):
-        fused_gemm32(a.numpy(), b.numpy(), ea.numpy(), eb.numpy(), out.numpy(), bounds, *_params(acc))
+    with threads_for(nb * m * n * k, F.SERIAL_PRODUCTS):
+        F.fused_gemm32(a.numpy(), b.numpy(), ea.numpy(), eb.numpy(), out.numpy(), bounds, *_params(acc))
     return out
 
 
 class _Kernel:
-    """The float64 Numba kernel's chains (``bfp.kernels.fused.fused_chain``, CPU tensors), with what
+    """The float64 Numba kernel's chains (``bfp.kernels.numba_cpu.fused.fused_chain``, CPU tensors), with what
     every span shares computed once: the operands in float64 and their exponents."""
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator):
+        self.F = kernel("fused_accumulator", "cpu")
         self.a, self.b = a.double(), b.double()
         emin_a, emin_b = acc.emins()
-        self.ea, self.eb = operand_exponents(self.a, emin_a), operand_exponents(self.b, emin_b)
+        self.ea, self.eb = self.F.operand_exponents(self.a, emin_a), self.F.operand_exponents(self.b, emin_b)
         # a zero operand's products are skipped unless b holds Inf/NaN (0 * inf is NaN)
         self.skip = bool(torch.isfinite(self.b).all())
         self.params = (*_params(acc), bool(acc.accumulator_in_alignment), acc.product_exponent == "operands")
@@ -186,11 +186,12 @@ class _Kernel:
             pa, pb, pea, peb = self.a[:, s:e], self.b[s:e], self.ea[:, s:e], self.eb[s:e]
         else:  # zero padding to whole steps
             pa, pb = self.a.new_zeros(m, width), self.b.new_zeros(width, n)
-            pea, peb = self.ea.new_full((m, width), ZERO_EXP), self.eb.new_full((width, n), ZERO_EXP)
+            pea, peb = self.ea.new_full((m, width), self.F.ZERO_EXP), self.eb.new_full((width, n), self.F.ZERO_EXP)
             pa[:, :e - s], pb[:e - s], pea[:, :e - s], peb[:e - s] = (self.a[:, s:e], self.b[s:e],
                                                                       self.ea[:, s:e], self.eb[s:e])
         out = pa.new_empty(m, n)
-        _cpu_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip, 2000)
+        self.F.fused_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip,
+                           2000)
         return out.float()  # a chain's result fits float32
 
 
@@ -225,7 +226,7 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"fused_bmm needs (B, M, K) @ (B, K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     chains = _chains(a.shape[2], acc)
-    if backend == "kernel" and not a.is_cuda and float32_exact(a, b, acc):
+    if backend == "kernel" and not a.is_cuda and kernel("fused_accumulator", "cpu").float32_exact(a, b, acc):
         return _gemm32(a, b, acc, chains)
     if a.shape[0] == 0:
         return a.new_zeros(0, a.shape[1], b.shape[2], dtype=torch.float32)
@@ -235,7 +236,7 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend
 def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
     """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
     values) through ``acc`` (module docstring); float32 result. ``backend``: ``"kernel"`` (Numba:
-    ``bfp.kernels.fused`` on CPU tensors; CUDA tensors take the reference) or ``"reference"`` (this
+    ``bfp.kernels.numba_cpu.fused`` on CPU tensors; CUDA tensors take the reference) or ``"reference"`` (this
     module's float64 torch code), equal bit for bit (``fused_bmm`` checks it)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")

@@ -1,4 +1,4 @@
-"""The fused-adder kernel (bfp.kernels.fused on the CPU; CUDA tensors take the reference)
+"""The fused-adder kernel (bfp.kernels.numba_cpu.fused on the CPU; CUDA tensors take the reference)
 equal the float64 torch reference of bfp.tensorcore bit for bit, for every setting of the adder:
 truncation and rounding to nearest, product exponents from the operands or the product, the
 accumulator in or out of the alignment, promotion, split K, zeros, subnormal operands, Inf/NaN.
@@ -70,7 +70,7 @@ def test_a_batch_runs_in_one_call_and_equals_the_reference_matrix_by_matrix(name
 
 
 def test_float32_runs_only_where_it_is_exact_and_float64_elsewhere():
-    from bfp.kernels.fused import float32_exact
+    from bfp.kernels.numba_cpu.fused import float32_exact
     a, b = operands(4, 100, 6, seed=3)
     assert float32_exact(a, b, BASE) and not float32_exact(a, b, SETTINGS["acc-outside"])
     assert not float32_exact(a, b, replace(BASE, align_bits=17))

@@ -145,7 +145,7 @@ def test_the_fused_nvfp4_kernel_gives_the_two_steps_bits_and_draws(rounding, sha
 
 
 def test_training_with_the_fused_kernel_equals_the_two_steps(monkeypatch):
-    import bfp.kernels.nvfp4_rht as fused_kernel
+    import bfp.kernels.numba_cpu.nvfp4_rht as fused_kernel
     from bfp.formats.nvfp4 import NVFP4
     gen = torch.Generator().manual_seed(4)
     x, w = torch.randn(3, 21, 40, generator=gen), torch.randn(24, 40, generator=gen)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
     import json, torch, bfp
-    from bfp.kernels import cpu
+    from bfp.kernels.numba_cpu import cpu
     from bfp.kernels.plan import rule_for
     x = torch.randn(2, 24, 3, 5)
     report = {}
@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
         kernel = tiled if rule.scale else elementwise
         report[name] = {"hits": sum(kernel.stats.cache_hits.values()),
                         "misses": sum(kernel.stats.cache_misses.values())}
-    from bfp.kernels import nvfp4_cpu, scaled_cpu, hadamard_cpu
+    from bfp.kernels.numba_cpu import nvfp4_cpu, scaled_cpu, hadamard_cpu
     def stats(kernels):
         return {"hits": sum(sum(k.stats.cache_hits.values()) for k in kernels),
                 "misses": sum(sum(k.stats.cache_misses.values()) for k in kernels)}

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import bfp
-from bfp.kernels import pages
+from bfp.kernels.numba_cpu import pages
 
 
 @pytest.fixture

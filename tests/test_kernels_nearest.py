@@ -1,4 +1,4 @@
-"""The CPU's float32 shortcut for nearest rounding (``bfp.kernels.rule_cpu._elem_nearest``) against the
+"""The CPU's float32 shortcut for nearest rounding (``bfp.kernels.numba_cpu.rule_cpu._elem_nearest``) against the
 integer element rule it replaces (``scalar._quant_elem``, mode 1), input by input.
 
 The inputs are every sign and float32 exponent field with, for each number of dropped bits, the
@@ -13,7 +13,7 @@ import pytest
 from numba import njit
 
 import bfp
-from bfp.kernels import rule_cpu
+from bfp.kernels.numba_cpu import rule_cpu
 from bfp.kernels.plan import rule_for
 
 

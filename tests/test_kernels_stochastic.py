@@ -1,4 +1,4 @@
-"""NVFP4's stochastic rounding of E2M1 in float32 lanes (``bfp.kernels.nvfp4_cpu._e2m1_stochastic``)
+"""NVFP4's stochastic rounding of E2M1 in float32 lanes (``bfp.kernels.numba_cpu.nvfp4_cpu._e2m1_stochastic``)
 against the integer element rule it replaces (``scalar._quant_elem``, mode 2), input by input.
 
 The rule rounds up iff ``F + r >= 2**32`` (``F``: the dropped part of ``|v|`` in units of 2**-32 of
@@ -12,7 +12,7 @@ multiple of 2**8) and of [1/8, 1/4) (the first where it is not).
 import numpy as np
 from numba import njit
 
-from bfp.kernels import nvfp4_cpu, rule_cpu
+from bfp.kernels.numba_cpu import nvfp4_cpu, rule_cpu
 from bfp.kernels.nvfp4_codes import E2M1
 from bfp.kernels.plan import rule_for
 from bfp.formats import Rounding

@@ -11,10 +11,10 @@ PKG = Path(__file__).resolve().parents[1] / "bfp"
 FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumulate", "overflow", "quantizer", "functional", "layers", "trace", "attention", "routes", "config", "coverage", "conversion", "diagnostics",
           "models", "amp", "optim", "distributed", "data", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
-LAZY_OK = {("kernels", "bfp.kernels.cpu"), ("kernels", "bfp.kernels.triton_cuda"), ("kernels", "bfp.kernels.triton_cuda.element"), ("kernels", "bfp.kernels.nvfp4_cpu"), ("kernels", "bfp.kernels.scaled_cpu"),
-           ("kernels", "bfp.kernels.nvfp4_te_cpu"), ("kernels", "bfp.kernels.inplace_cpu"),
-           ("hadamard", "bfp.kernels.hadamard_cpu"),
-           ("hadamard", "bfp.kernels.nvfp4_rht")}
+# (The backends' own modules load through bfp.kernels.runtime, by name, not by import statements.)
+LAZY_OK = {("kernels", "bfp.kernels.triton_cuda.element")}
+# The backend room: only bfp/kernels/runtime.py reaches a fast backend's folder (by name, on first use).
+BACKEND_FOLDERS = ("bfp.kernels.numba_cpu", "bfp.kernels.triton_cuda")
 
 
 def floor_of(module: str) -> str:
@@ -68,6 +68,29 @@ def test_module_imports_only_its_floor_and_below(path):
         assert floor in FLOORS, where
         assert FLOORS.index(floor) <= FLOORS.index(own), f"{where}: an upward import ({own} is below {floor})"
         assert not lazy or (own, target) in LAZY_OK, f"{where}: inside a function; import it at the top"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_no_module_outside_a_backend_folder_imports_a_backend(path):
+    """Backends are reached through ``bfp.kernels.runtime.kernel(entry, backend)``: a module outside
+    a backend's folder never imports one (adding a backend touches its folder and the registry)."""
+    name = module_name(path)
+    if name.startswith(BACKEND_FOLDERS):
+        return
+    for target, line, _ in bfp_imports(name, path.name == "__init__.py", path.read_text(encoding="utf-8")):
+        assert not target.startswith(BACKEND_FOLDERS), \
+            f"{path.relative_to(PKG.parent)}:{line} imports {target}; use bfp.kernels.runtime.kernel(...)"
+
+
+def test_the_registry_says_what_each_backend_covers_and_loads_on_first_use():
+    from bfp.kernels import runtime
+    cov = runtime.covers()
+    assert "rule" in cov["triton"] and {"rule", "nvfp4", "scaled", "fused_accumulator"} <= set(cov["cpu"])
+    assert set(cov["reference"]) >= set(cov["cpu"]) | set(cov["triton"])
+    assert runtime.kernel("nvfp4", "triton") is None          # no kernel: the caller's reference runs
+    assert runtime.kernel("rule", "cuda") is runtime.kernel("rule", "triton")  # the earlier name
+    with pytest.raises(ValueError, match="unknown backend 'gpu'"):
+        runtime.register("rule", "gpu", "x:y")
 
 
 def test_importing_the_engine_loads_neither_the_cli_nor_dynamic_precision():

@@ -183,7 +183,7 @@ def test_nvfp4_cpu_column_kernels_equal_the_reference_without_a_copy(axis, round
 def test_nvfp4_cpu_column_kernels_with_few_columns(shape, axis, rounding):
     """Fewer than ``nvfp4_cpu.FLAT`` columns after the block axis: the column kernels run along
     a block's rows as one contiguous run; tail blocks, NaN/Inf, the reference's draws."""
-    from bfp.kernels import nvfp4_cpu
+    from bfp.kernels.numba_cpu import nvfp4_cpu
     assert 1 < int(np.prod(shape[axis + 1:])) < nvfp4_cpu.FLAT
     g = torch.Generator().manual_seed(6)
     x = torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-8, 8, shape, generator=g).float())

@@ -10,8 +10,8 @@ from . import nvfp4, scaled
 from .plan import rule_for, tile_for
 from .ops import _counts_torch, quantize_rule_call
 
-BACKENDS = ("reference", "cpu", "triton")
-ALIASES = {"cuda": "triton"}  # the GPU backend's earlier name
+from .runtime import ALIASES, BACKENDS, backend_for  # noqa: F401 (the backends' names, re-exported)
+
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
@@ -30,16 +30,6 @@ def device_keys(generator: Optional[torch.Generator], device: torch.device) -> t
     so a CUDA generator's keys never go through the host (no synchronisation)."""
     k = _draw(generator)
     return k if k.device == device else k.to(device, non_blocking=True)
-
-
-def backend_for(x: torch.Tensor, backend: Optional[str]) -> str:
-    """The backend that runs ``x``: ``backend`` (an alias resolved), or the device's default: the
-    Numba kernels for CPU tensors, the Triton kernels for CUDA tensors."""
-    backend = ALIASES.get(backend, backend) or ("triton" if x.is_cuda else "cpu")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)} (or 'cuda', the "
-                         f"Triton kernels' earlier name)")
-    return backend
 
 
 def _check(x, fmt) -> None:

@@ -26,6 +26,7 @@ import torch
 
 from ..formats import Float, Format
 from . import quantize
+from .runtime import kernel
 from .dispatch import _keys
 from .plan import rule_for
 
@@ -44,7 +45,7 @@ def quantize_(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generat
     """Round ``x`` to ``fmt`` in place and return it (see the module docstring)."""
     if not _fast(fmt, x):
         return x.copy_(quantize(x, fmt, generator=generator))
-    from . import inplace_cpu  # Numba loads on first use
+    inplace_cpu = kernel("inplace", "cpu")  # Numba loads on first use
     rule = rule_for(fmt)
     inplace_cpu.round_inplace(_bits(x), rule, _keys(generator) if rule.mode == 2 else (0, 0))
     return x
@@ -58,7 +59,7 @@ def add_quantize_(s: torch.Tensor, t: torch.Tensor, fmt: Format, *,
                          f"{tuple(t.shape)}")
     if not _fast(fmt, s, t):
         return s.copy_(quantize(s + t, fmt, generator=generator))
-    from . import inplace_cpu  # Numba loads on first use
+    inplace_cpu = kernel("inplace", "cpu")  # Numba loads on first use
     rule = rule_for(fmt)
     inplace_cpu.add_round(_bits(s), _bits(t), rule, _keys(generator) if rule.mode == 2 else (0, 0))
     return s

@@ -16,6 +16,7 @@ from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
 from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale
 from .plan import rule_for
+from .runtime import kernel
 from .reference import quantize_bits, tile_max
 from .scalar import EXP_INF, MAG
 
@@ -62,8 +63,7 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
                          f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
     if fmt.convention == "te":  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
         if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis, in place
-            from . import nvfp4_te_cpu  # Numba loads on first use
-            return nvfp4_te_cpu.quantize(x32.contiguous(), axis, fmt, keys)
+            return kernel("nvfp4_te", "cpu")(x32.contiguous(), axis, fmt, keys)
         if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
             return quantize_te(x32.contiguous(), fmt, keys, _tile(x32, axis, fmt.block))
         xm = x32.reshape(1) if x32.dim() == 0 else x32
@@ -71,16 +71,14 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
             .reshape(x32.shape)
     if isinstance(fmt.block, tuple):  # 2-D blocks: on the tensor as it is
         if backend == "cpu" and not x32.is_cuda:
-            from . import nvfp4_cpu  # Numba loads on first use
-            out = nvfp4_cpu.quantize(x32.contiguous(), axis, fmt, keys)
+            out = kernel("nvfp4", "cpu")(x32.contiguous(), axis, fmt, keys)  # Numba loads on first use
             if out is not None:
                 return out
         tile = _tile(x32, axis, fmt.block)
         return reference(x32.contiguous(), fmt, keys, tuple(tile))
     xm = x32.reshape(1) if x32.dim() == 0 else x32
     if backend == "cpu" and not xm.is_cuda:  # any axis in place: no transposing copy
-        from . import nvfp4_cpu  # Numba loads on first use
-        out = nvfp4_cpu.quantize(xm.contiguous(), axis, fmt, keys)
+        out = kernel("nvfp4", "cpu")(xm.contiguous(), axis, fmt, keys)  # Numba loads on first use
         if out is not None:
             return out.reshape(x32.shape)
     xm = xm.movedim(axis, -1).contiguous()

@@ -21,8 +21,7 @@ from typing import Optional
 
 import torch
 
-from . import triton_cuda  # light: its kernels load on first use
-from .pages import advise
+from .runtime import kernel
 from .plan import Rule, canonical_4d
 from .reference import quantize_reference
 from .scalar import MAG
@@ -58,12 +57,11 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
     if backend == "cpu":
         if x.is_cuda:
             raise ValueError("backend='cpu' needs a CPU tensor; got one on " + str(x.device))
-        advise(out)  # huge pages for the untouched output: see pages.py
-        from . import cpu  # Numba loads on first use
-        nz, zc = cpu.run(x.view(torch.int32).numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), r,
+        kernel("pages", "cpu")(out)  # huge pages for the untouched output: numba_cpu/pages.py
+        nz, zc = kernel("rule", "cpu")(x.view(torch.int32).numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), r,
                          shape4, tile4, _key_ints(keys), stats)
         return out, (torch.tensor([nz, zc], dtype=torch.int64) if stats else None)
-    return out, triton_cuda.run(x, out, r, shape4, tile4, keys, stats)
+    return out, kernel("rule", "triton")(x, out, r, shape4, tile4, keys, stats)
 
 
 @torch.library.custom_op("bfp::quantize_rule", mutates_args=())

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from ..formats.scaled import Scaled
+from .runtime import kernel
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -21,8 +22,7 @@ def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of float32 ``x32`` (0-dim; 0 for an empty tensor): one Numba
     pass on a contiguous CPU tensor (``scaled_cpu``), PyTorch steps elsewhere; the same value."""
     if x32.device.type == "cpu" and x32.is_contiguous() and x32.numel():
-        from . import scaled_cpu  # Numba loads on first use
-        return scaled_cpu.amax(x32)
+        return kernel("amax", "cpu")(x32)  # Numba loads on first use
     return _amax_torch(x32)
 
 
@@ -49,9 +49,8 @@ def tensorwise(x32: torch.Tensor, fmt: Scaled, rounding: Callable, given_amax: O
     CPU tensor runs the fused Numba kernels (``scaled_cpu``: the same bits) when ``keys`` (the
     stochastic-rounding keys) are given; otherwise ``rounding(y, fmt.fmt)`` rounds step 3."""
     if keys is not None and x32.device.type == "cpu" and x32.is_contiguous():
-        from . import scaled_cpu  # Numba loads on first use
         a = given_amax.to(torch.float32) if given_amax is not None else amax(x32)
-        return scaled_cpu.apply(x32, scale_of(a, fmt), fmt.fmt, keys)
+        return kernel("scaled", "cpu")(x32, scale_of(a, fmt), fmt.fmt, keys)
     y, scale = prepare(x32, fmt, given_amax)
     return finish(rounding(y, fmt.fmt), scale)
 

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
+from ...formats.nvfp4 import E2M1_MAX, E4M3_MAX, NVFP4
 from .cpu import specialise
 from .rule_cpu import _elem_nearest, _nearest_ok, _rand32, _tile_consts
 from .nvfp4_cpu import FLAT, _col_item, _col_max, _col_tasks, _e2m1_nearest, _e2m1_stochastic
-from .nvfp4_codes import E4M3, te_scales
+from ..nvfp4_codes import E4M3, te_scales
 from .pages import advise
-from .plan import MODE, rule_for
-from .scalar import EXP_INF, MAG
+from ..plan import MODE, rule_for
+from ..scalar import EXP_INF, MAG
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 _FMAX, _SIX, _E4 = np.float32(3.4028234663852886e38), np.float32(E2M1_MAX), np.float32(E4M3_MAX)

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from ..formats import Float
+from ...formats import Float
 from .cpu import specialise
 from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _round_f, _tile_consts, scaled_consts
 from .pages import advise
-from .plan import MODE, rule_for
-from .scalar import EXP_INF, MAG
+from ..plan import MODE, rule_for
+from ..scalar import EXP_INF, MAG
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 STEP = 1 << 16  # elements per step of the parallel loops
@@ -36,7 +36,7 @@ def amax_bits(xi):
     return parts.max() if parts.size else np.int32(0)
 
 
-mode = 0  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.specialise)
+mode = 0  # a compile-time constant of each specialised kernel (bfp.kernels.numba_cpu.cpu.specialise)
 
 
 def _scaled(xf, oi, scale, top, c, k0, k1):

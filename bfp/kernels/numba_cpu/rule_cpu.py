@@ -21,7 +21,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from .scalar import EXP_INF, MAG, QNAN, build
+from ..scalar import EXP_INF, MAG, QNAN, build
 
 
 @njit(inline="always")

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
+from ...formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .cpu import specialise
 from .rule_cpu import _rand32
-from .nvfp4_codes import CHUNK, tensor_scale
+from ..nvfp4_codes import CHUNK, tensor_scale
 from .pages import advise
-from .plan import MODE
-from .scalar import EXP_INF, MAG, QNAN
+from ..plan import MODE
+from ..scalar import EXP_INF, MAG, QNAN
 
 _MAG, _INF, _SIGN, _QNAN = np.int32(MAG), np.int32(EXP_INF), np.int32(-2 ** 31), np.int32(QNAN)
 _SIX, _LO, _HI = np.float32(E2M1_MAX), np.float32(E4M3_TINY), np.float32(E4M3_MAX)
@@ -116,7 +116,7 @@ def _out(xb, x, ts, rmode, r):
     return o if (xb & _MAG) < _INF else (_QNAN if (xb & _MAG) == _INF else xb)
 
 
-# Compile-time constants of each specialised kernel (bfp.kernels.cpu.specialise): the rounding
+# Compile-time constants of each specialised kernel (bfp.kernels.numba_cpu.cpu.specialise): the rounding
 # mode, the block (b1 elements along the block axis; b0 rows of a 2-D tile, 1 for 1-D blocks),
 # whether an infinite element counts in a block's maximum (TE's convention, nvfp4_te_cpu).
 mode, block, b0, b1, two_d, with_inf = 1, 16, 1, 16, False, False

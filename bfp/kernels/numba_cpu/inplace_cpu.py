@@ -12,7 +12,7 @@ from numba import prange
 
 from .cpu import _kernel_cache, _specialise, threads_for
 from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _tile_consts
-from .scalar import EXP_INF, MAG
+from ..scalar import EXP_INF, MAG
 
 
 def _round_inplace(xb, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan, k0, k1):

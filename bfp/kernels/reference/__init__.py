@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .plan import KIND_FIXED, MX_SCALE, SCALE_MX, SCALE_NONE, Rule
-from .scalar import EXP_INF, INF_NAN, INF_SAT, MAG, NEG_NAN, NEG_ZERO, NO_NEG_ZERO, QNAN
+from ..plan import KIND_FIXED, MX_SCALE, SCALE_MX, SCALE_NONE, Rule
+from ..scalar import EXP_INF, INF_NAN, INF_SAT, MAG, NEG_NAN, NEG_ZERO, NO_NEG_ZERO, QNAN
 
 
 def _ilog2(v: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from numba import njit, prange
 
 from .rule_cpu import (_elem, _elem_f, _elem_nearest, _elem_scaled, _fixed_f, _nearest_ok, _rand32, _tile_consts,
                        fixed_c, scale_pair, scaled_consts)
-from .scalar import EXP_INF, MAG
+from ..scalar import EXP_INF, MAG
 
 
 
@@ -32,7 +32,8 @@ def _cache_dir() -> str:
     in another module (the element rule in ``rule_cpu.py`` and ``scalar.py``, ``nvfp4_cpu``'s E2M1
     rounding inlined by ``nvfp4_te_cpu``) would otherwise be served stale; here any edit of a
     kernel module starts a fresh folder. ``NUMBA_CACHE_DIR`` is the base when set."""
-    src = b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+    here = Path(__file__).parent  # this backend's folder and the shared modules above it (scalar.py, plan.py)
+    src = b"".join(p.read_bytes() for p in sorted([*here.glob("*.py"), *here.parent.glob("*.py")]))
     key = hashlib.sha1(src + numba.__version__.encode()).hexdigest()[:16]
     base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(Path.home(), ".cache", "bfpsim")
     return os.path.join(base, f"kernels-{key}")

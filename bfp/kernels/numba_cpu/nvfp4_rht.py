@@ -4,7 +4,7 @@ transformed tensor. Imported, and compiled, on first use.
 
 Both passes of ``nvfp4_cpu``'s column kernels (block maxima, then scales and elements) load
 each block of ``b`` rows (zero past the input's last row) into a scratch array and run the
-transform's butterflies and factors there first (``bfp.kernels.hadamard_cpu.load_transformed``),
+transform's butterflies and factors there first (``bfp.kernels.numba_cpu.hadamard_cpu.load_transformed``),
 so the result is bit for bit ``nvfp4_cpu.quantize(hadamard_cpu.transform_rows(t))``
 (tests/test_hadamard.py), stochastic draws included (indexed in the padded tensor, as there).
 """
@@ -17,18 +17,18 @@ import numpy as np
 import torch
 from numba import prange
 
-from ..formats.nvfp4 import NVFP4
+from ...formats.nvfp4 import NVFP4
 from .cpu import _rand32, specialise
-from .dispatch import nvfp4_keys
+from ..dispatch import nvfp4_keys
 from .hadamard_cpu import load_transformed, work_items
-from .nvfp4 import quantize as nvfp4_reference
-from .nvfp4_codes import tensor_scale
+from ..nvfp4 import quantize as nvfp4_reference
+from ..nvfp4_codes import tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _finite_mag, _out
 from .pages import advise
-from .plan import MODE
+from ..plan import MODE
 
 
-mode = 1  # a compile-time constant of each specialised kernel (bfp.kernels.cpu.specialise)
+mode = 1  # a compile-time constant of each specialised kernel (bfp.kernels.numba_cpu.cpu.specialise)
 
 
 def _block_max(x, factor, bmax, A, Rin, nb, C, b):
