@@ -97,12 +97,38 @@ def count(name: str, stats: bool = False, warps=None) -> dict:
             "per_element": round(ins * 32 * warps / per_program, 1)}
 
 
+def count_nvfp4(block: int = 16, stochastic: bool = False, warps: int = 4) -> list[dict]:
+    """Rows for NVFP4's two kernels (``triton_cuda/nvfp4.py``): the amax pass and the quantize pass."""
+    from bfp.formats import Rounding
+    from bfp.kernels.nvfp4_codes import E2M1, E4M3
+    from bfp.kernels.triton_cuda import nvfp4 as N
+    k = _compile(N._amax, {"x_ptr": "*fp32", "part_ptr": "*i32", "n": "i32"}, dict(BLOCK=N.ELEMS, IDX64=False), warps)
+    ins, regs, spill = _sass(k)
+    rows = [{"format": "nvfp4 amax", "kernel": "_amax", "stats": False, "warps": warps, "sass": ins, "registers": regs,
+             "spill_bytes": spill, "per_element": round(ins * 32 * warps / N.ELEMS, 1)}]
+    pb, e2 = block, rule_for(E2M1[Rounding.STOCHASTIC if stochastic else Rounding.NEAREST])
+    tpp = N.ELEMS // pb
+    consts = dict(BLK=block, PB=pb, TPP=tpp, TENSOR_SCALE=True, E4=N._consts(rule_for(E4M3)), E2=N._consts(e2),
+                  MODE=e2.mode, IDX64=False)
+    sig = {"x_ptr": "*fp32", "o_ptr": "*fp32", "keys_ptr": "*i64", "amax_ptr": "*i32", "n_rows": "i32", "C": "i32",
+           "n_blocks_row": "i32"}
+    sig.update({k: "constexpr" for k in consts})
+    k = triton.compile(ASTSource(fn=N._quantize, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "enable_fp_fusion": False})
+    ins, regs, spill = _sass(k)
+    rows.append({"format": "nvfp4" + (" sr" if stochastic else ""), "kernel": f"_quantize 1x{block} blocks, {tpp} a program",
+                 "stats": False, "warps": warps, "sass": ins, "registers": regs, "spill_bytes": spill,
+                 "per_element": round(ins * 32 * warps / (tpp * block), 1)})
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the rows here too")
     p.add_argument("--formats", default=",".join(FORMATS))
     args = p.parse_args(argv)
-    rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)]
+    rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)] + count_nvfp4() \
+        + count_nvfp4(stochastic=True)[1:]
     print(f"triton {triton.__version__}, sm_90, tensor {'x'.join(map(str, SHAPE))}; budget ~{BUDGET} "
           f"thread-instructions per element at H200 copy bandwidth")
     print(f"{'format':16} {'per elem':>8} {'regs':>5} {'spill':>5} {'warps':>5}  kernel")

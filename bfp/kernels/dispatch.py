@@ -50,7 +50,8 @@ def nvfp4_keys(fmt: NVFP4, generator) -> tuple[int, int]:
 
 
 def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
-    keys = nvfp4_keys(fmt, generator)
+    keys = device_keys(generator, x.device) if backend == "triton" and fmt.rounding is Rounding.STOCHASTIC \
+        else nvfp4_keys(fmt, generator)
     if x.device.type == "meta" or x.numel() == 0:
         counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
         return (torch.empty_like(x) if x.device.type == "meta" else x.detach().clone()), counts

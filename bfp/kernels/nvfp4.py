@@ -1,7 +1,8 @@
 """NVFP4 quantization (the rule is ``bfp.formats.nvfp4``'s docstring): a PyTorch reference, which also
-runs CUDA tensors (the Triton backend has no NVFP4 kernel yet: by the stated fallback policy,
-``dispatch``, CUDA tensors take this reference), and the dispatch to the Numba CPU kernels
-(``nvfp4_cpu``), which do the same float32 operations in the same order.
+runs CUDA tensors where no kernel does (TransformerEngine's convention and 2-D blocks: the fallback
+policy of ``runtime``), and the dispatch to the Numba CPU kernels (``numba_cpu/nvfp4_cpu``) and to the
+Triton kernel (``triton_cuda/nvfp4``: 1-D blocks in bfpsim's convention, moved to the last axis),
+which do the same float32 operations in the same order.
 
 The E4M3 block scales and the E2M1 elements are rounded by the integer element rule of
 ``scalar.py`` (the one every format uses), so only the divisions and products between them
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..formats import Rounding
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
 from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale
@@ -44,6 +46,12 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     return torch.where(finite.view(xm.shape), q * ts, q)
 
 
+def _key_ints(keys) -> tuple[int, int]:
+    """The keys as two numbers (the reference's and the CPU kernels' form); a device tensor of them
+    is read back once (the fallback's cost)."""
+    return tuple(int(v) for v in keys.tolist()) if isinstance(keys, torch.Tensor) else keys
+
+
 def _tile(x32: torch.Tensor, axis: int, block: tuple) -> list[int]:
     """A 2-D block's extent over every axis of ``x32``, its last axis on ``axis``."""
     tile = [1] * x32.dim()
@@ -61,6 +69,12 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     if isinstance(fmt.block, tuple) and axis - len(fmt.block) + 1 < 0:
         raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
                          f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
+    # 1-D blocks in bfpsim's convention run the Triton kernel on its backend; every other path takes
+    # the keys as numbers (a device tensor of them is read back once: the fallback's cost)
+    fast = kernel("nvfp4", backend) if backend == "triton" and fmt.convention != "te" and \
+        not isinstance(fmt.block, tuple) else None
+    if fast is None:
+        keys = _key_ints(keys)
     if fmt.convention == "te":  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
         if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis, in place
             return kernel("nvfp4_te", "cpu")(x32.contiguous(), axis, fmt, keys)
@@ -82,4 +96,11 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
         if out is not None:
             return out.reshape(x32.shape)
     xm = xm.movedim(axis, -1).contiguous()
-    return reference(xm, fmt, keys).movedim(-1, axis).reshape(x32.shape)
+    if fast is not None:  # the Triton kernel: the keys stay on the device
+        stochastic = fmt.rounding is Rounding.STOCHASTIC
+        if stochastic and not isinstance(keys, torch.Tensor):
+            keys = torch.tensor(keys, dtype=torch.int64, device=xm.device)
+        out = fast(xm, fmt.block, fmt.rounding, fmt.tensor_scale, keys if stochastic else None)
+    else:
+        out = reference(xm, fmt, keys)
+    return out.movedim(-1, axis).reshape(x32.shape)

@@ -38,6 +38,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("rule", "cpu"): "numba_cpu.cpu:run",                      # Float, BlockFloat, MX, P3109
     ("rule", "triton"): "triton_cuda:run",
     ("nvfp4", "cpu"): "numba_cpu.nvfp4_cpu:quantize",          # NVFP4 (1-D blocks any axis, 2-D tiles)
+    ("nvfp4", "triton"): "triton_cuda.nvfp4:quantize_rows",    # NVFP4, 1-D blocks (moved to the last axis)
     ("nvfp4_te", "cpu"): "numba_cpu.nvfp4_te_cpu:quantize",    # NVFP4 in TransformerEngine's order
     ("scaled", "cpu"): "numba_cpu.scaled_cpu:apply",           # per-tensor scaled FP8, fused
     ("amax", "cpu"): "numba_cpu.scaled_cpu:amax",
