@@ -10,7 +10,7 @@ from . import nvfp4, scaled
 from .plan import rule_for, tile_for
 from .ops import _counts_torch, quantize_rule_call
 
-from .runtime import ALIASES, BACKENDS, backend_for  # noqa: F401 (the backends' names, re-exported)
+from .runtime import ALIASES, BACKENDS, backend_for, kernel  # noqa: F401 (the backends' names, re-exported)
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -61,6 +61,11 @@ def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
     return out.to(x.dtype), counts
 
 
+def _stochastic_keys(fmt: Float, generator, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The one draw a stochastic element rounding takes, as a device tensor (None for other roundings)."""
+    return device_keys(generator, x.device) if fmt.rounding is Rounding.STOCHASTIC else None
+
+
 def scaled_keys(fmt: Scaled, generator, backend: str, x32: torch.Tensor):
     """The stochastic-rounding keys for ``scaled.tensorwise``'s fused CPU kernels (the same one
     draw the element rounding would take), or None where the PyTorch steps run."""
@@ -77,14 +82,20 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     return kernel_for(fmt)(x, fmt, generator, backend_for(x, backend), stats)
 
 
-def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool) -> torch.Tensor:
+def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool,
+            backend: Optional[str] = None) -> torch.Tensor:
     """Delayed scaling (``bfp.formats.scaled``): the scale from the largest amax of ``history`` (the
     point's state, newest first), then, with ``update`` (training), ``x``'s amax enters it."""
     with torch.no_grad():
         x32 = x.detach().float().contiguous()
-        rnd = lambda y, f: quantize_stats(y, f, generator=generator, stats=False)[0]  # noqa: E731
-        out = scaled.tensorwise(x32, fmt, rnd, given_amax=history.max(),
-                                keys=scaled_keys(fmt, generator, "cpu", x32))
+        fused = kernel("scaled_tensorwise", backend_for(x32, backend))
+        if fused is not None:  # the Triton kernel: the history's amax stays on the device
+            out = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32),
+                        given_amax=history.max())
+        else:
+            rnd = lambda y, f: quantize_stats(y, f, generator=generator, stats=False)[0]  # noqa: E731
+            out = scaled.tensorwise(x32, fmt, rnd, given_amax=history.max(),
+                                    keys=scaled_keys(fmt, generator, "cpu", x32))
         if update:  # evaluation reads the history, never moves it
             history.copy_(torch.cat([scaled.amax(x32).reshape(1).to(history), history[:-1]]))
     return out.to(x.dtype)
@@ -99,7 +110,10 @@ def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):
         return element_rule(x, fmt.fmt, generator, backend, stats)
     x32 = x.detach().to(torch.float32).contiguous()
     rnd = lambda y, f: quantize_stats(y, f, generator=generator, backend=backend, stats=False)[0]  # noqa: E731
-    if fmt.granularity == "tensor" or x32.dim() == 0:
+    fused = kernel("scaled_tensorwise", backend)
+    if fused is not None and (fmt.granularity == "tensor" or x32.dim() == 0):  # one pass on the device
+        out = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32))
+    elif fmt.granularity == "tensor" or x32.dim() == 0:
         out = scaled.tensorwise(x32, fmt, rnd, keys=scaled_keys(fmt, generator, backend, x32))
     else:
         y, scale = scaled.prepare(x32, fmt)

@@ -41,7 +41,9 @@ KERNELS: dict[tuple[str, str], str] = {
     ("nvfp4", "triton"): "triton_cuda.nvfp4:quantize_rows",    # NVFP4, 1-D blocks (moved to the last axis)
     ("nvfp4_te", "cpu"): "numba_cpu.nvfp4_te_cpu:quantize",    # NVFP4 in TransformerEngine's order
     ("scaled", "cpu"): "numba_cpu.scaled_cpu:apply",           # per-tensor scaled FP8, fused
+    ("scaled_tensorwise", "triton"): "triton_cuda.scaled:tensorwise",  # the same, amax and scale on the device
     ("amax", "cpu"): "numba_cpu.scaled_cpu:amax",
+    ("amax", "triton"): "triton_cuda.scaled:amax",
     ("inplace", "cpu"): "numba_cpu.inplace_cpu",               # rounded running sums (accumulators)
     ("hadamard_rows", "cpu"): "numba_cpu.hadamard_cpu:transform_rows",
     ("hadamard_nvfp4", "cpu"): "numba_cpu.nvfp4_rht:transform_quantize",  # the transform fused into NVFP4

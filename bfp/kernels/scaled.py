@@ -1,5 +1,7 @@
 """The scaling steps of ``bfp.formats.scaled.Scaled`` around the element rounding (which is the plain
-``Float`` path of ``dispatch``): amax, the scale, ``x * scale`` clamped, and ``q / scale``.
+``Float`` path of ``dispatch``): amax, the scale, ``x * scale`` clamped, and ``q / scale`` (the
+reference of the fused kernels: ``numba_cpu/scaled_cpu.py`` on the CPU, ``triton_cuda/scaled.py`` for
+per-tensor scaling on CUDA tensors; rowwise scaling runs these steps with the Triton element rule).
 PyTorch operations, so the same on every device: the two divisions run in float64 and round once to
 float32, which equals IEEE float32 division (a quotient of two float32 values rounded to float64 and
 then to float32 is the correctly rounded float32 quotient: 53 >= 2 * 24 + 2 bits), whatever the
@@ -21,8 +23,9 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of float32 ``x32`` (0-dim; 0 for an empty tensor): one Numba
     pass on a contiguous CPU tensor (``scaled_cpu``), PyTorch steps elsewhere; the same value."""
-    if x32.device.type == "cpu" and x32.is_contiguous() and x32.numel():
-        return kernel("amax", "cpu")(x32)  # Numba loads on first use
+    fast = kernel("amax", "cpu" if x32.device.type == "cpu" else "triton" if x32.is_cuda else "reference")
+    if fast is not None and x32.is_contiguous() and x32.numel():
+        return fast(x32)  # Numba or Triton, loaded on first use
     return _amax_torch(x32)
 
 

@@ -113,3 +113,17 @@ def test_an_empty_tensor_and_a_meta_tensor_are_handled_alike(backend):
     assert out.shape == (0, 4) and counts.tolist() == [0, 0]
     out, counts = quantize_stats(torch.empty(2, 4, device="meta"), fmt, backend=backend)
     assert out.device.type == "meta" and out.shape == (2, 4)
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_delayed_scaling_on_the_triton_backend_equals_the_reference_and_moves_the_history_alike(rounding):
+    from bfp.kernels.dispatch import delayed
+    fmt = dataclasses.replace(format_from_name("fp8_e4m3_delayed"),
+                              fmt=dataclasses.replace(format_from_name("float8_e4m3fn"), rounding=rounding))
+    x = INPUTS[2] * 1e3
+    hist = {b: torch.tensor([0.0] + [37.5] * (fmt.history_length - 1)) for b in ("cpu", "triton")}
+    for step in range(3):
+        outs = {b: delayed(x.to(DEVICE[b]) * (step + 1), fmt, hist[b], torch.Generator().manual_seed(step), True,
+                           backend=b).cpu() for b in hist}
+        assert torch.equal(outs["cpu"].view(torch.int32), outs["triton"].view(torch.int32))
+        assert torch.equal(hist["cpu"], hist["triton"].cpu())
