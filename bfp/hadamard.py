@@ -19,6 +19,7 @@ import torch
 
 from .formats import Format
 from .kernels import quantize
+from .kernels.dispatch import DrawnKeys, draw_keys, format_json, needs_keys, parse_format
 from .kernels.runtime import cpu_kernel
 from .precision import Hadamard
 
@@ -93,8 +94,29 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
                        generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """``quantize(transform_rows(t, rht), fmt, generator=generator)``, the same bits and the same
     draws from ``generator``; where ``fusable``, one Numba kernel that never writes the
-    transformed tensor (``bfp.kernels.numba_cpu.nvfp4_rht``)."""
+    transformed tensor (``bfp.kernels.numba_cpu.nvfp4_rht``). While torch.compile traces (or for a
+    tensor subclass) it is one op, ``torch.ops.bfp.hadamard_quantize``."""
+    if type(t) is not torch.Tensor or torch.compiler.is_compiling():
+        keys = draw_keys(generator) if needs_keys(fmt) else None
+        return hadamard_quantize(t, rht.block, rht.seed, format_json(fmt), keys)
+    return _transform_quantize(t, rht, fmt, generator)
+
+
+def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator) -> torch.Tensor:
     if not fusable(t, rht, fmt):
         return quantize(transform_rows(t, rht), fmt, generator=generator)
     fused = cpu_kernel("hadamard_nvfp4", t)  # Numba loads on first use (fusable: a CPU tensor)
     return fused(t, factor(rht), fmt, generator, lambda: transform_rows(t, rht))
+
+
+@torch.library.custom_op("bfp::hadamard_quantize", mutates_args=())
+def hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor]) -> torch.Tensor:
+    """``transform_quantize`` as an op: the transform ``Hadamard(block, seed)``, the format as
+    ``bfp.kernels.dispatch.format_json``, ``keys`` the stochastic draw (or None)."""
+    return _transform_quantize(t, Hadamard(block, seed), parse_format(fmt), None if keys is None else DrawnKeys(keys))
+
+
+@hadamard_quantize.register_fake
+def _(t, block, seed, fmt, keys):
+    rows = t.shape[-2]  # the transform pads the rows to whole blocks
+    return t.new_empty(*t.shape[:-2], -(-rows // block) * block, t.shape[-1]) if rows % block else torch.empty_like(t)

@@ -74,6 +74,8 @@ Presets (``accumulator_from_name``), each from the measurements its docstring en
 """
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import replace
 from typing import Optional
 
@@ -81,7 +83,7 @@ import numpy as np
 import torch
 
 from .kernels.runtime import kernel
-from .precision import FusedAccumulator
+from .precision import FusedAccumulator, accumulator_from_dict
 
 __all__ = ["FusedAccumulator", "fused_matmul", "fused_bmm", "accumulator_from_name", "FUSED_PRESETS"]
 
@@ -220,9 +222,16 @@ def _one(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, backend: str,
 def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
     """A batch of ``fused_matmul``: ``a`` (B, M, K) @ ``b`` (B, K, N), float32 (B, M, N). On the CPU,
     where float32 holds the arithmetic exactly (``float32_exact``: FP8 operands), the whole batch
-    and every chain of K run in one kernel call (``fused_gemm32``); otherwise matrix by matrix."""
+    and every chain of K run in one kernel call (``fused_gemm32``); otherwise matrix by matrix. While
+    torch.compile traces (or for a tensor subclass) it is one op, ``torch.ops.bfp.fused_bmm``."""
     if backend not in ("kernel", "reference"):
         raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
+    if type(a) is not torch.Tensor or torch.compiler.is_compiling():
+        return fused_bmm_op(a, b, json.dumps(acc.to_dict(), sort_keys=True), backend)
+    return _fused_bmm(a, b, acc, backend)
+
+
+def _fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str) -> torch.Tensor:
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"fused_bmm needs (B, M, K) @ (B, K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     chains = _chains(a.shape[2], acc)
@@ -231,6 +240,22 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend
     if a.shape[0] == 0:
         return a.new_zeros(0, a.shape[1], b.shape[2], dtype=torch.float32)
     return torch.stack([_one(x, y, acc, backend, chains) for x, y in zip(a, b)])
+
+
+@torch.library.custom_op("bfp::fused_bmm", mutates_args=())
+def fused_bmm_op(a: torch.Tensor, b: torch.Tensor, acc: str, backend: str) -> torch.Tensor:
+    """``fused_bmm`` as an op: ``acc`` the accumulator's ``to_dict`` as JSON."""
+    return _fused_bmm(a, b, _accumulator(acc), backend)
+
+
+@fused_bmm_op.register_fake
+def _(a, b, acc, backend):
+    return a.new_empty(a.shape[0], a.shape[1], b.shape[2], dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def _accumulator(text: str) -> FusedAccumulator:
+    return accumulator_from_dict(json.loads(text))
 
 
 def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:

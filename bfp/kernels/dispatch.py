@@ -1,11 +1,13 @@
 """Pick a backend, prepare float32 bits, run, and return the result and counts."""
 from __future__ import annotations
 
+import functools
+import json
 from typing import Optional
 
 import torch
 
-from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, kernel_for, register_kernel
+from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, format_from_dict, kernel_for, register_kernel
 from . import nvfp4, scaled
 from .plan import rule_for, tile_for
 from .ops import _counts_torch, quantize_rule_call
@@ -15,7 +17,20 @@ from .runtime import ALIASES, BACKENDS, backend_for, kernel  # noqa: F401 (the b
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+class DrawnKeys:
+    """Stochastic-rounding keys drawn already (an int64 tensor of two), passed where a generator
+    goes: the format op (``quantize_format``) hands the family kernels the draw it was given, so
+    they take no second one."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: torch.Tensor):
+        self.keys = keys
+
+
 def _draw(generator: Optional[torch.Generator]) -> torch.Tensor:
+    if isinstance(generator, DrawnKeys):
+        return generator.keys
     device = generator.device if generator is not None else "cpu"
     return torch.randint(0, 2 ** 32, (2,), generator=generator, device=device, dtype=torch.int64)
 
@@ -79,7 +94,52 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     """``(quantize(x, fmt), counts)``; counts is int64 ``[nonzero_in, zeroed]`` on x's
     device when ``stats`` else None. See ``bfp.quantize`` for the arguments."""
     _check(x, fmt)
-    return kernel_for(fmt)(x, fmt, generator, backend_for(x, backend), stats)
+    backend = backend_for(x, backend)
+    if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # eager: no dispatcher in the way
+        return kernel_for(fmt)(x, fmt, generator, backend, stats)
+    keys = _draw(generator) if needs_keys(fmt) else None  # the one draw, taken before the op
+    out, counts = quantize_format(x, format_json(fmt), keys, stats, backend)
+    return out, (counts if stats else None)
+
+
+def needs_keys(fmt: Format) -> bool:
+    """Whether quantizing to ``fmt`` draws stochastic-rounding keys (one draw a call)."""
+    if isinstance(fmt, Scaled):
+        return fmt.fmt.rounding is Rounding.STOCHASTIC
+    if isinstance(fmt, NVFP4):
+        return fmt.rounding is Rounding.STOCHASTIC
+    return rule_for(fmt).mode == 2
+
+
+@functools.lru_cache(maxsize=512)
+def format_json(fmt: Format) -> str:
+    """``fmt`` as the format op's string argument (its ``to_dict``, as JSON)."""
+    return json.dumps(fmt.to_dict(), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=512)
+def parse_format(text: str) -> Format:
+    """Inverse of ``format_json``."""
+    return format_from_dict(json.loads(text))
+
+
+draw_keys = _draw  # the one draw of stochastic-rounding keys a call takes (a CPU generator's on the CPU)
+
+
+@torch.library.custom_op("bfp::quantize_format", mutates_args=())
+def quantize_format(x: torch.Tensor, fmt: str, keys: Optional[torch.Tensor], stats: bool,
+                    backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every format family's quantization as one op PyTorch understands (``torch.compile`` and
+    FakeTensor tracing see it whole): ``fmt`` as ``format_json``, ``keys`` the stochastic draw (or
+    None), ``backend`` resolved; the counts are int64 ``[2]``, or ``[0]`` without ``stats``."""
+    f = parse_format(fmt)
+    out, counts = kernel_for(f)(x, f, None if keys is None else DrawnKeys(keys), backend, stats)
+    return out, (counts if stats else x.new_empty(0, dtype=torch.int64))
+
+
+@quantize_format.register_fake
+def _(x, fmt, keys, stats, backend):
+    return torch.empty_like(x), x.new_empty(2 if stats else 0, dtype=torch.int64)
 
 
 def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool,

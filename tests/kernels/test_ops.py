@@ -44,3 +44,49 @@ def test_fake_tensors_trace_without_running_a_kernel():
         out, counts = torch.ops.bfp.quantize_rule(x, list(rule_for(fmt)), list(tile_for(fmt, (4, 12, 3, 3))), None,
                                                   True, "cpu")
     assert out.shape == (4, 12, 3, 3) and counts.shape == (2,) and counts.dtype == torch.int64
+
+
+FORMAT_CASES = ["nvfp4", "nvfp4_sr", "nvfp4_te", "fp8_e4m3_tensorwise", "fp8_e5m2_rowwise_pow2", "mxfp8_e4m3", "fb16",
+                "p3109_k8p3se"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("name", FORMAT_CASES)
+def test_opcheck_passes_on_the_format_op_for_every_family(name, backend):
+    from bfp.kernels.dispatch import format_json, needs_keys
+    fmt = format_from_name(name)
+    keys = torch.tensor([11, 3000000000], dtype=torch.int64) if needs_keys(fmt) else None
+    for stats in (False, True):
+        torch.library.opcheck(torch.ops.bfp.quantize_format.default,
+                              (torch.randn(6, 32) * 5, format_json(fmt), keys, stats, backend))
+
+
+def test_the_format_op_takes_the_same_single_draw_as_the_eager_path():
+    """Through the op (a tensor subclass, as under FakeTensor or torch.compile, routes there) a
+    stochastic format gives the eager path's bits for the same generator seed."""
+    from bfp.kernels import quantize_stats
+    from bfp.kernels.dispatch import format_json, quantize_format, _draw
+    x = torch.randn(5, 64)
+    for name in ("nvfp4_sr", "fb16", "fp8_e4m3_tensorwise"):
+        fmt = format_from_name(name)
+        fmt = fmt if name != "fb16" else type(fmt)(fmt.bits, fmt.group, "stochastic")
+        eager = quantize_stats(x, fmt, generator=torch.Generator().manual_seed(5), backend="cpu")
+        keys = _draw(torch.Generator().manual_seed(5))
+        op = quantize_format(x, format_json(fmt), keys, True, "cpu")
+        assert torch.equal(eager[0].view(torch.int32), op[0].view(torch.int32)) and torch.equal(eager[1], op[1])
+
+
+def test_opcheck_passes_on_the_hadamard_and_tensor_core_ops():
+    import json
+    import bfp.hadamard  # noqa: F401 (registers bfp::hadamard_quantize)
+    from bfp.kernels.dispatch import format_json
+    from bfp.tensorcore import FUSED_PRESETS
+    for name, keys in (("nvfp4", None), ("nvfp4_sr", torch.tensor([3, 4], dtype=torch.int64))):
+        for t in (torch.randn(32, 8), torch.randn(40, 6)):  # rows padded to whole blocks in the second
+            torch.library.opcheck(torch.ops.bfp.hadamard_quantize.default, (t, 16, 0, format_json(format_from_name(name)),
+                                                                            keys))
+    fp8 = lambda *s: torch.randn(*s).to(torch.float8_e4m3fn).float()  # noqa: E731 (values the products take exactly)
+    for name in ("h100_fp8_fast", "h100_fp8"):
+        acc = json.dumps(FUSED_PRESETS[name].to_dict(), sort_keys=True)
+        for backend in ("kernel", "reference"):
+            torch.library.opcheck(torch.ops.bfp.fused_bmm.default, (fp8(2, 3, 40), fp8(2, 40, 5), acc, backend))

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..scalar import _tile_consts
 from .nvfp4 import ELEMS, _amax, _clamp, _f32
-from .rule import EXP_INF, MAG, quant_elem, rand32
+from .rule import EXP_INF, quant_elem, rand32
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 TINY_BITS = tl.constexpr(0x00800000)  # the smallest normal float32, 2**-126
