@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     for name in FORMATS:
         fmt = bfp.format_from_name(name)
         call = _time(lambda: bfp.quantize(x, fmt, backend="triton"), args.reps)
-        rule, tile = list(rule_for(fmt)), list(tile_for(fmt, SHAPE) or ())
+        rule, tile = list(rule_for(fmt)), tile_for(fmt, SHAPE)
+        tile = None if tile is None else list(tile)
         op = _time(lambda: quantize_rule(x, rule, tile, None, False, "triton"), args.reps)
         rows.append({"format": name, "quantize_us": round(call, 2), "op_us": round(op, 2),
                      "over_clone": round(call / clone, 2)})

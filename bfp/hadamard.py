@@ -18,8 +18,7 @@ from typing import Optional
 import torch
 
 from .formats import Format
-from .kernels import quantize
-from .kernels.dispatch import DrawnKeys, draw_keys, format_json, needs_keys, parse_format
+from .kernels import DrawnKeys, draw_keys, format_json, needs_keys, parse_format, quantize
 from .kernels.runtime import cpu_kernel
 from .precision import Hadamard
 
@@ -112,7 +111,7 @@ def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator) 
 @torch.library.custom_op("bfp::hadamard_quantize", mutates_args=())
 def hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor]) -> torch.Tensor:
     """``transform_quantize`` as an op: the transform ``Hadamard(block, seed)``, the format as
-    ``bfp.kernels.dispatch.format_json``, ``keys`` the stochastic draw (or None)."""
+    ``bfp.kernels.format_json``, ``keys`` the stochastic draw (or None)."""
     return _transform_quantize(t, Hadamard(block, seed), parse_format(fmt), None if keys is None else DrawnKeys(keys))
 
 

@@ -4,29 +4,13 @@ import json
 import math
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
 from bfp.experiments import matrix, results, reruns, runner, stale
 from bfp.experiments.__main__ import main as experiments
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDED = ROOT / "results" / "cifar10-table" / "fp32.json"
-
-
-@pytest.fixture
-def table(tmp_path):
-    folder = tmp_path / "results"
-    folder.mkdir()
-    shutil.copy(RECORDED, folder / "fp32.json")
-    return folder
-
-
-def _edit(path, change):
-    doc = json.loads(path.read_text())
-    change(doc)
-    path.write_text(json.dumps(doc))
+from test_results_integrity import ROOT, _edit, table  # noqa: F401 (the recorded fp32 row in a scratch folder)
 
 
 def _report(table, capsys, *extra):

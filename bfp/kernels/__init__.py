@@ -19,10 +19,11 @@ from typing import Optional
 import torch
 
 from ..formats import Format
-from .dispatch import delayed, quantize_stats
+from .dispatch import DrawnKeys, delayed, draw_keys, format_json, needs_keys, parse_format, quantize_stats
 from . import p3109  # noqa: F401  (registers the P3109 family's rule)
 
-__all__ = ["quantize", "quantize_stats", "zero_setting_error"]
+__all__ = ["quantize", "quantize_stats", "zero_setting_error", "DrawnKeys", "draw_keys", "format_json", "needs_keys",
+           "parse_format"]
 
 
 def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,

@@ -184,7 +184,11 @@ def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):
 
 def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: bool):
     """The families one element rule rounds (``plan.rule_for``): Float, BlockFloat, MX and the
-    ones that register a rule with ``plan.register_rule``."""
+    ones that register a rule with ``plan.register_rule``. A 0-dim tensor is rounded as its one
+    element in a tensor of shape (1,): one tile of one element for every tiled family."""
+    if x.dim() == 0 and x.device.type != "meta":
+        out, counts = element_rule(x.reshape(1), fmt, generator, backend, stats)
+        return out.reshape(()), counts
     rule = rule_for(fmt)
     tile = tile_for(fmt, tuple(x.shape))
     keys = None if rule.mode != 2 else device_keys(generator, x.device) if backend == "triton" else _draw(generator)
@@ -198,7 +202,7 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
     if x32.numel() == 0:
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
         return x.detach().clone(), (zero if stats else None)
-    out, counts = quantize_rule_call(x32, rule, tile or (), keys, stats, backend)
+    out, counts = quantize_rule_call(x32, rule, tile, keys, stats, backend)
     return (out if x.dtype == torch.float32 else out.to(x.dtype)), (counts if stats else None)
 
 

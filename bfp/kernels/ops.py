@@ -9,7 +9,7 @@ for (or for a tile that folds into more than four axes).
     quantize_rule(x, rule, tile, keys, stats, backend) -> (out, counts)
 
 ``x``: contiguous float32; ``rule``: ``plan.Rule``'s 13 integers; ``tile``: the tile over ``x``'s
-shape (empty: element-wise); ``keys``: the two stochastic-rounding keys as an int64 tensor on
+shape (None: element-wise; empty: the one tile of a 0-dim tensor); ``keys``: the two stochastic-rounding keys as an int64 tensor on
 ``x``'s device (None unless the rule rounds stochastically); ``stats``: also count (nonzero inputs,
 those made zero); ``backend``: "cpu", "triton" or "reference". ``counts`` is int64 ``[2]``, or
 ``[0]`` without ``stats`` (nothing is counted or allocated for it then).
@@ -47,7 +47,7 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
              backend: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The op's implementation (``quantize_rule``'s arguments, ``rule`` a ``plan.Rule`` and ``tile``
     a tuple); the counts are None without ``stats``."""
-    r, t = rule if isinstance(rule, Rule) else Rule(*rule), (tuple(tile) or None)
+    r, t = rule if isinstance(rule, Rule) else Rule(*rule), (None if tile is None else tuple(tile))
     canon = _canonical(tuple(x.shape), t)
     if backend == "reference" or (t is not None and canon is None):
         out = quantize_reference(x, r, t, _key_ints(keys))
@@ -65,9 +65,9 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
 
 
 @torch.library.custom_op("bfp::quantize_rule", mutates_args=())
-def quantize_rule(x: torch.Tensor, rule: list[int], tile: list[int], keys: Optional[torch.Tensor], stats: bool,
+def quantize_rule(x: torch.Tensor, rule: list[int], tile: Optional[list[int]], keys: Optional[torch.Tensor], stats: bool,
                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, counts = run_rule(x, tuple(rule), tuple(tile), keys, stats, backend)
+    out, counts = run_rule(x, tuple(rule), None if tile is None else tuple(tile), keys, stats, backend)
     return out, (counts if stats else x.new_empty(0, dtype=torch.int64))
 
 
@@ -76,7 +76,7 @@ def _(x, rule, tile, keys, stats, backend):
     return torch.empty_like(x), x.new_empty(2 if stats else 0, dtype=torch.int64)
 
 
-def quantize_rule_call(x: torch.Tensor, rule: tuple, tile: tuple, keys: Optional[torch.Tensor], stats: bool,
+def quantize_rule_call(x: torch.Tensor, rule: tuple, tile: Optional[tuple], keys: Optional[torch.Tensor], stats: bool,
                        backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``quantize_rule`` as the library calls it: through the op while torch.compile traces or for
     a tensor subclass (FakeTensor), so the graph holds one opaque op; in plain eager mode straight
@@ -84,4 +84,4 @@ def quantize_rule_call(x: torch.Tensor, rule: tuple, tile: tuple, keys: Optional
     function either way, so the same bits)."""
     if type(x) is torch.Tensor and not torch.compiler.is_compiling():
         return run_rule(x, rule, tile, keys, stats, backend)
-    return quantize_rule(x, list(rule), list(tile), keys, stats, backend)
+    return quantize_rule(x, list(rule), None if tile is None else list(tile), keys, stats, backend)

@@ -37,7 +37,7 @@ def _inputs() -> list[torch.Tensor]:
 
     def rand(*shape):
         return torch.randn(*shape, generator=g) * torch.exp2(torch.randint(-30, 30, shape, generator=g).float())
-    return [torch.tensor([1.75]), torch.tensor(-0.0).reshape(1), rand(7, 33), rand(4, 12, 3, 3), rand(2, 5, 17),
+    return [torch.tensor(-3.3), torch.tensor([1.75]), torch.tensor(-0.0).reshape(1), rand(7, 33), rand(4, 12, 3, 3), rand(2, 5, 17),
             rand(3, 70), rand(32, 48), _edge_rows(32), _edge_rows(64).reshape(2, 16, 16)]
 
 

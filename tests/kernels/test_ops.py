@@ -9,7 +9,8 @@ from bfp import format_from_name
 from bfp.kernels.ops import quantize_rule
 from bfp.kernels.plan import rule_for, tile_for
 
-CASES = [("float8_e4m3fn", (6, 40)), ("fb16", (4, 12, 3, 3)), ("mxfp8_e4m3", (5, 64)), ("fb12", (3, 5, 7, 2, 3))]
+CASES = [("float8_e4m3fn", (6, 40)), ("fb16", (4, 12, 3, 3)), ("mxfp8_e4m3", (5, 64)), ("fb12", (3, 5, 7, 2, 3)),
+         ("fb12", ())]  # a 0-dim tensor: BFP's one tile of one element (tile [], not element-wise)
 
 
 def _args(name, shape, backend, stats, stochastic=False):
@@ -19,7 +20,8 @@ def _args(name, shape, backend, stats, stochastic=False):
         rule[1] = 2
     x = torch.randn(shape) * 3
     keys = torch.tensor([7, 4000000000], dtype=torch.int64) if stochastic else None
-    return (x, rule, list(tile_for(fmt, shape) or ()), keys, stats, backend)
+    tile = tile_for(fmt, shape)
+    return (x, rule, None if tile is None else list(tile), keys, stats, backend)
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
