@@ -16,7 +16,7 @@ import torch
 from ..formats import Rounding
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
-from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale
+from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale_of
 from .plan import rule_for
 from .runtime import kernel
 from .reference import quantize_bits, tile_max
@@ -31,11 +31,14 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     m = xb & MAG
     finite = m < EXP_INF
     mf = torch.where(finite, m, 0)
-    amax_bits = int(mf.max()) if mf.numel() else 0
     e2m1 = rule_for(E2M1[fmt.rounding])
-    if amax_bits == 0:  # nothing finite and nonzero: zeros stay, Inf becomes NaN
-        return _float(quantize_bits(xb, e2m1, None, keys)).view(xm.shape)
-    pts = torch.tensor(tensor_scale(amax_bits, fmt), device=xm.device)
+    direct = _float(quantize_bits(xb, e2m1, None, keys)).view(xm.shape)  # zeros stay, Inf becomes NaN
+    if not mf.numel():
+        return direct
+    # the tensor's amax stays on the device (no host read): its scale, and the case "nothing finite and
+    # nonzero" (every element by the E2M1 rule directly) chosen by a select at the end
+    amax_bits = mf.amax()
+    pts = tensor_scale_of(amax_bits, fmt)
     tile = tile or (1,) * (xm.dim() - 1) + (fmt.block,)
     sb = _float(tile_max(mf, tile)) / torch.tensor(np.float32(E2M1_MAX), device=xm.device)
     sbs = (sb / pts).clamp(E4M3_TINY, E4M3_MAX)
@@ -43,7 +46,7 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     ts = pts * sb8
     v = torch.where(finite.view(xm.shape), (xm / ts).clamp(-E2M1_MAX, E2M1_MAX), xm)
     q = _float(quantize_bits(_bits(v), e2m1, None, keys)).view(xm.shape)
-    return torch.where(finite.view(xm.shape), q * ts, q)
+    return torch.where(amax_bits == 0, direct, torch.where(finite.view(xm.shape), q * ts, q))
 
 
 def _key_ints(keys) -> tuple[int, int]:

@@ -29,6 +29,16 @@ PTS_MIN = np.float32(2.0 ** -149)
 CHUNK = 1024  # blocks per step of the CPU kernels' parallel loops
 
 
+def tensor_scale_of(amax_bits: torch.Tensor, fmt: NVFP4) -> torch.Tensor:
+    """``tensor_scale`` on the device: ``amax_bits`` a 0-dim integer tensor of the float32 bits; the
+    division in float64 rounded once to float32, which is IEEE float32 division (53 >= 2 * 24 + 2)."""
+    if not fmt.tensor_scale:
+        return torch.ones((), dtype=torch.float32, device=amax_bits.device)
+    amax = amax_bits.to(torch.int32).view(torch.float32)
+    pts = (amax.double() / float(PTS_DIV)).float()
+    return torch.maximum(pts, torch.tensor(float(PTS_MIN), dtype=torch.float32, device=amax.device))
+
+
 def tensor_scale(amax_bits: int, fmt: NVFP4) -> np.float32:
     """``pts`` from the tensor's largest finite magnitude (its float32 bits)."""
     if not fmt.tensor_scale:

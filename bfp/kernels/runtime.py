@@ -42,6 +42,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("nvfp4_te", "cpu"): "numba_cpu.nvfp4_te_cpu:quantize",    # NVFP4 in TransformerEngine's order
     ("scaled", "cpu"): "numba_cpu.scaled_cpu:apply",           # per-tensor scaled FP8, fused
     ("scaled_tensorwise", "triton"): "triton_cuda.scaled:tensorwise",  # the same, amax and scale on the device
+    ("scaled_rowwise", "triton"): "triton_cuda.scaled:rowwise",  # rowwise along the last axis, rows <= 4096
     ("amax", "cpu"): "numba_cpu.scaled_cpu:amax",
     ("amax", "triton"): "triton_cuda.scaled:amax",
     ("inplace", "cpu"): "numba_cpu.inplace_cpu",               # rounded running sums (accumulators)

@@ -127,3 +127,18 @@ def test_delayed_scaling_on_the_triton_backend_equals_the_reference_and_moves_th
                            backend=b).cpu() for b in hist}
         assert torch.equal(outs["cpu"].view(torch.int32), outs["triton"].view(torch.int32))
         assert torch.equal(hist["cpu"], hist["triton"].cpu())
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3_rowwise", "fp8_e5m2_rowwise_pow2"])
+def test_rowwise_scaling_in_one_triton_pass_equals_the_reference_for_short_and_long_rows(name):
+    fmt = format_from_name(name)
+    fails: list = []
+    for f in (fmt, dataclasses.replace(fmt, fmt=dataclasses.replace(fmt.fmt, rounding="stochastic"))):
+        for x in (torch.randn(3, 4, 100) * 1e3, torch.randn(2, 5000), INPUTS[8]):  # fused; a long row; edge rows
+            want = quantize_stats(x, f, generator=torch.Generator().manual_seed(2), backend="reference")
+            got = quantize_stats(x.to(DEVICE["triton"]), f, generator=torch.Generator().manual_seed(2),
+                                 backend="triton")
+            if not (torch.equal(want[0].view(torch.int32), got[0].cpu().view(torch.int32))
+                    and torch.equal(want[1], got[1].cpu())):
+                fails.append(f"{f!r} {tuple(x.shape)}")
+    assert not fails, fails

@@ -20,10 +20,37 @@ import triton.language as tl
 
 from ..scalar import _tile_consts
 from .nvfp4 import ELEMS, _amax, _clamp, _f32
-from .rule import EXP_INF, quant_elem, rand32
+from .rule import EXP_INF, MAG, quant_elem, rand32
+
+MAX_ROW = 4096  # rowwise rows up to this length run in one program (longer ones: the PyTorch steps)
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 TINY_BITS = tl.constexpr(0x00800000)  # the smallest normal float32, 2**-126
+
+
+@triton.jit
+def _scale_of(amax, FMAX: tl.constexpr, POW2: tl.constexpr):
+    """``fmax / amax`` (an IEEE division), 1 where amax is 0, at most float32's max; with ``POW2``
+    its exponent alone (``kernels/scaled.py``'s ``scale_of``)."""
+    tiny = tl.full([], TINY_BITS, tl.int32).to(tl.float32, bitcast=True)
+    scale = tl.where(amax > 0, tl.math.div_rn(_f32(FMAX), tl.maximum(amax, tiny)), _f32(1.0))
+    scale = tl.minimum(scale, _f32(F32_MAX))
+    if POW2:
+        scale = (scale.to(tl.int32, bitcast=True) & EXP_INF).to(tl.float32, bitcast=True)
+    return scale
+
+
+@triton.jit
+def _apply(x, scale, offs, keys_ptr, FMAX: tl.constexpr, QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr,
+           LO: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr,
+           OVF_INF: tl.constexpr, INF_NAN: tl.constexpr, IDX64: tl.constexpr):
+    """``fmt(clamp(x * scale, -max, max)) / scale``: steps 3 and 4, IEEE throughout."""
+    y = _clamp(x * scale, _f32(-FMAX), _f32(FMAX))
+    r = tl.zeros(offs.shape, tl.uint32)
+    if MODE == 2:
+        r = rand32(tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32), offs, IDX64)
+    q = quant_elem(y.to(tl.int32, bitcast=True), QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
+    return tl.math.div_rn(q.to(tl.float32, bitcast=True), scale)
 
 
 @triton.jit
@@ -35,18 +62,31 @@ def _scaled(x_ptr, o_ptr, keys_ptr, amax_ptr, n, FMAX: tl.constexpr, POW2: tl.co
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK) if IDX64 else pid * BLOCK + tl.arange(0, BLOCK)
     msk = offs < n
     x = tl.load(x_ptr + offs, mask=msk, other=0.0)
-    amax = tl.load(amax_ptr).to(tl.float32)
-    tiny = tl.full([], TINY_BITS, tl.int32).to(tl.float32, bitcast=True)
-    scale = tl.where(amax > 0, tl.math.div_rn(_f32(FMAX), tl.maximum(amax, tiny)), _f32(1.0))
-    scale = tl.minimum(scale, _f32(F32_MAX))
-    if POW2:
-        scale = (scale.to(tl.int32, bitcast=True) & EXP_INF).to(tl.float32, bitcast=True)
-    y = _clamp(x * scale, _f32(-FMAX), _f32(FMAX))
-    r = tl.zeros(offs.shape, tl.uint32)
-    if MODE == 2:
-        r = rand32(tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32), offs, IDX64)
-    q = quant_elem(y.to(tl.int32, bitcast=True), QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
-    tl.store(o_ptr + offs, tl.math.div_rn(q.to(tl.float32, bitcast=True), scale), mask=msk)
+    scale = _scale_of(tl.load(amax_ptr).to(tl.float32), FMAX, POW2)
+    out = _apply(x, scale, offs, keys_ptr, FMAX, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, IDX64)
+    tl.store(o_ptr + offs, out, mask=msk)
+
+
+@triton.jit
+def _rows(x_ptr, o_ptr, keys_ptr, R, C, PT: tl.constexpr, TPP: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
+          QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr, KIND: tl.constexpr,
+          MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
+          IDX64: tl.constexpr):
+    """Rowwise scaling along the last axis: a program owns ``TPP`` whole rows of ``C <= PT``
+    elements; each row's amax is one ``tl.max`` in registers."""
+    pid = tl.program_id(0)
+    t = pid * TPP + tl.arange(0, TPP)[:, None]
+    if IDX64:
+        t = t.to(tl.int64)
+    s = tl.arange(0, PT)[None, :]
+    msk = (t < R) & (s < C)
+    offs = t * C + s
+    x = tl.load(x_ptr + offs, mask=msk, other=0.0)
+    m = x.to(tl.int32, bitcast=True) & MAG
+    amax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True).to(tl.float32, bitcast=True)
+    out = _apply(x, _scale_of(amax, FMAX, POW2), offs, keys_ptr, FMAX, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF,
+                 INF_NAN, IDX64)
+    tl.store(o_ptr + offs, out, mask=msk)
 
 
 @functools.lru_cache(maxsize=64)
@@ -75,4 +115,20 @@ def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_ama
                                HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
                                OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, BLOCK=ELEMS,
                                IDX64=n + 2 * ELEMS >= 2 ** 31, enable_fp_fusion=False)
+    return out
+
+
+def rowwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys) -> torch.Tensor:
+    """Rowwise scaled rounding of contiguous float32 ``x32`` along its last axis (rows of at most
+    ``MAX_ROW``); ``keys`` an int64 device tensor (stochastic) or None."""
+    C = x32.shape[-1]
+    R = x32.numel() // C
+    pt = 1 << max(C - 1, 0).bit_length()
+    tpp = max(1, ELEMS // pt)
+    out = torch.empty_like(x32)
+    qt, p2q, hi, lo = _consts(rule)
+    _rows[(-(-R // tpp),)](x32, out, x32 if keys is None else keys, R, C, PT=pt, TPP=tpp, FMAX=fmax, POW2=pow2, QT=qt,
+                           P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
+                           OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, IDX64=x32.numel() + pt * tpp >= 2 ** 31,
+                           enable_fp_fusion=False)
     return out
