@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 import bfp
+from _harness import emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("fb12", "fb16", "float8_e4m3fn", "mxfp8_e4m3", "nvfp4")
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     print("host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in doc["host_us"].items()))
     for r in doc["overhead"].get("results", []):
         print(f"step {r['variant']}: {r['step_ms']:.1f} ms, {r['ratio_to_fp32']:.2f}x FP32")
-    Path(args.json).write_text(json.dumps(doc, indent=1))
+    emit_json(doc, args.json)
     print(f"wrote {args.json} in {doc['seconds']} s")
     return 0 if doc["conformance"].get("returncode", 0) == 0 else 1
 

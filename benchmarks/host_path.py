@@ -10,12 +10,12 @@ that take the grid and the arguments and return at once: the time left is bfpsim
 allocation), the part the issue's target (20 us or less) is about. Triton's own launcher is
 extra: 14.7 us a launch measured on an H200 (shared/gpu/README.md). ``x.clone()`` on the same
 tensor is timed in the same run as the yardstick (the machine is shared and noisy: compare the
-ratio), and so is the op called directly (``torch.ops.bfp.quantize_rule``).
+ratio), and so is the same call through the custom op (``torch.ops.bfp.quantize_format``, the path
+torch.compile's graphs take).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,9 +26,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors reach the Triton p
 import torch  # noqa: E402
 
 import bfp  # noqa: E402
-from bfp.kernels.ops import quantize_rule  # noqa: E402
-from bfp.kernels.plan import rule_for, tile_for  # noqa: E402
+from bfp.kernels.dispatch import format_json, quantize_format  # noqa: E402
 from bfp.kernels.triton_cuda import element  # noqa: E402
+
+from _harness import emit_json, machine  # noqa: E402
 
 FORMATS = ("fb16", "fb12", "float8_e4m3fn", "mxfp8_e4m3", "bfloat16")
 SHAPE = (64, 64, 3, 3)
@@ -68,23 +69,19 @@ def main(argv=None) -> int:
     for name in FORMATS:
         fmt = bfp.format_from_name(name)
         call = _time(lambda: bfp.quantize(x, fmt, backend="triton"), args.reps)
-        rule, tile = list(rule_for(fmt)), tile_for(fmt, SHAPE)
-        tile = None if tile is None else list(tile)
-        op = _time(lambda: quantize_rule(x, rule, tile, None, False, "triton"), args.reps)
+        text = format_json(fmt)
+        op = _time(lambda: quantize_format(x, text, None, False, "triton"), args.reps)
         rows.append({"format": name, "quantize_us": round(call, 2), "op_us": round(op, 2),
                      "over_clone": round(call / clone, 2)})
-    load = os.getloadavg()
+    meta = machine(shape=SHAPE)
     print(f"host path of bfp.quantize on a {'x'.join(map(str, SHAPE))} float32 tensor, Triton launch stubbed; "
-          f"torch {torch.__version__}, 1 thread, load average {load[0]:.2f}")
+          f"torch {torch.__version__}, 1 thread, load average {meta['load_average_1min']:.2f}")
     print(f"x.clone(): {clone:.2f} us")
     print(f"{'format':16} {'quantize us':>11} {'op alone us':>11} {'/ clone':>8}")
     for r in rows:
         print(f"{r['format']:16} {r['quantize_us']:11.2f} {r['op_us']:11.2f} {r['over_clone']:8.2f}")
-    doc = {"shape": SHAPE, "torch": torch.__version__, "loadavg": load, "clone_us": round(clone, 2), "rows": rows}
-    print(json.dumps(doc))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    doc = {"meta": meta, "clone_us": round(clone, 2), "rows": rows}
+    emit_json(doc, args.json)
     return 0
 
 

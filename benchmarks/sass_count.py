@@ -16,7 +16,6 @@ counts are the evidence the issue asks for until a GPU measures the kernels (ben
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -34,6 +33,8 @@ from bfp import format_from_name  # noqa: E402
 from bfp.kernels.plan import canonical_4d, rule_for, tile_for  # noqa: E402
 from bfp.kernels.scalar import _tile_consts  # noqa: E402
 from bfp.kernels.triton_cuda import element as E  # noqa: E402
+
+from _harness import emit_json  # noqa: E402
 
 SHAPE = (64, 128, 32, 32)
 FORMATS = ("fb12", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16", "float4_e2m1fn",
@@ -137,10 +138,7 @@ def main(argv=None) -> int:
         print(f"{r['format'] + (' +stats' if r['stats'] else ''):16} {r['per_element']:8.1f} {r['registers']:5d} "
               f"{r['spill_bytes']:5d} {r['warps']:5d}  {r['kernel']}{flag}")
     doc = {"triton": triton.__version__, "target": "sm_90", "shape": SHAPE, "budget": BUDGET, "rows": rows}
-    print(json.dumps(doc))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    emit_json(doc, args.json)
     return 0
 
 

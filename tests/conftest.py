@@ -9,8 +9,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # Without a GPU the Triton kernels run under Triton's interpreter, on CPU tensors, bit for bit as on
 # a GPU (bfp.kernels.triton_cuda); it must be set before triton first decorates a kernel.
 if not os.environ.get("TRITON_INTERPRET"):
-    import torch
-    if not torch.cuda.is_available():
+    try:
+        import torch
+    except ImportError:  # not installed: the test modules say so themselves (pip install -e ".[test]")
+        torch = None
+    if torch is not None and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

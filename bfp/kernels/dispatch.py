@@ -10,7 +10,7 @@ import torch
 from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, format_from_dict, kernel_for, register_kernel
 from . import nvfp4, scaled
 from .plan import rule_for, tile_for
-from .ops import _counts_torch, quantize_rule_call
+from .ops import _counts_torch, run_rule
 
 from .runtime import ALIASES, BACKENDS, backend_for, kernel  # noqa: F401 (the backends' names, re-exported)
 
@@ -205,7 +205,7 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
     if x32.numel() == 0:
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
         return x.detach().clone(), (zero if stats else None)
-    out, counts = quantize_rule_call(x32, rule, tile, keys, stats, backend)
+    out, counts = run_rule(x32, rule, tile, keys, stats, backend)
     return (out if x.dtype == torch.float32 else out.to(x.dtype)), (counts if stats else None)
 
 

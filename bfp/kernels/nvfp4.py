@@ -17,6 +17,7 @@ from ..formats import Rounding
 from ..formats.nvfp4 import E2M1_MAX, E4M3_MAX, E4M3_TINY, NVFP4
 from .nvfp4_te import quantize_te
 from .nvfp4_codes import E2M1, E4M3, bits as _bits, floats as _float, tensor_scale_of
+from .ops import key_ints
 from .plan import rule_for
 from .runtime import kernel
 from .reference import quantize_bits, tile_max
@@ -32,11 +33,11 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     finite = m < EXP_INF
     mf = torch.where(finite, m, 0)
     e2m1 = rule_for(E2M1[fmt.rounding])
-    direct = _float(quantize_bits(xb, e2m1, None, keys)).view(xm.shape)  # zeros stay, Inf becomes NaN
     if not mf.numel():
-        return direct
-    # the tensor's amax stays on the device (no host read): its scale, and the case "nothing finite and
-    # nonzero" (every element by the E2M1 rule directly) chosen by a select at the end
+        return xm.clone()
+    # The tensor's amax stays on the device (no host read). "Nothing finite and nonzero" (amax 0) is
+    # chosen by a select at the end: E2M1's rule keeps each finite element, a signed zero, as it is,
+    # and the non-finite ones take the same rule below (Inf becomes NaN), so no second pass is needed.
     amax_bits = mf.amax()
     pts = tensor_scale_of(amax_bits, fmt)
     tile = tile or (1,) * (xm.dim() - 1) + (fmt.block,)
@@ -46,13 +47,8 @@ def reference(xm: torch.Tensor, fmt: NVFP4, keys, tile=None) -> torch.Tensor:
     ts = pts * sb8
     v = torch.where(finite.view(xm.shape), (xm / ts).clamp(-E2M1_MAX, E2M1_MAX), xm)
     q = _float(quantize_bits(_bits(v), e2m1, None, keys)).view(xm.shape)
-    return torch.where(amax_bits == 0, direct, torch.where(finite.view(xm.shape), q * ts, q))
-
-
-def _key_ints(keys) -> tuple[int, int]:
-    """The keys as two numbers (the reference's and the CPU kernels' form); a device tensor of them
-    is read back once (the fallback's cost)."""
-    return tuple(int(v) for v in keys.tolist()) if isinstance(keys, torch.Tensor) else keys
+    finite = finite.view(xm.shape)
+    return torch.where(finite, torch.where(amax_bits == 0, xm, q * ts), q)
 
 
 def _tile(x32: torch.Tensor, axis: int, block: tuple) -> list[int]:
@@ -77,7 +73,7 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     fast = kernel("nvfp4", backend) if backend == "triton" and fmt.convention != "te" and \
         not isinstance(fmt.block, tuple) else None
     if fast is None:
-        keys = _key_ints(keys)
+        keys = key_ints(keys)
     if fmt.convention == "te":  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
         if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis, in place
             return kernel("nvfp4_te", "cpu")(x32.contiguous(), axis, fmt, keys)

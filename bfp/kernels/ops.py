@@ -1,18 +1,17 @@
-"""The quantize entry point as an operator PyTorch understands: ``torch.ops.bfp.quantize_rule``.
+"""The element rule's quantize, one backend chosen: ``run_rule``.
 
-A ``torch.library.custom_op`` with a fake (meta) implementation, so ``torch.compile``, FakeTensor
-tracing and ``torch.library.opcheck`` see a quantization as one opaque op with known output
-shapes, and the backends sit behind it: the Numba kernels for CPU tensors, the Triton kernels for
-CUDA tensors (and for CPU tensors under ``TRITON_INTERPRET=1``), the PyTorch reference when asked
-for (or for a tile that folds into more than four axes).
+The Numba kernels for CPU tensors, the Triton kernels for CUDA tensors (and for CPU tensors under
+``TRITON_INTERPRET=1``), the PyTorch reference when asked for (or for a tile that folds into more
+than four axes). PyTorch sees it through ``dispatch.quantize_format``, the custom op every family
+shares (torch.compile and FakeTensor tracing, ``opcheck``).
 
-    quantize_rule(x, rule, tile, keys, stats, backend) -> (out, counts)
+    run_rule(x, rule, tile, keys, stats, backend) -> (out, counts or None)
 
 ``x``: contiguous float32; ``rule``: ``plan.Rule``'s 13 integers; ``tile``: the tile over ``x``'s
 shape (None: element-wise; empty: the one tile of a 0-dim tensor); ``keys``: the two stochastic-rounding keys as an int64 tensor on
 ``x``'s device (None unless the rule rounds stochastically); ``stats``: also count (nonzero inputs,
-those made zero); ``backend``: "cpu", "triton" or "reference". ``counts`` is int64 ``[2]``, or
-``[0]`` without ``stats`` (nothing is counted or allocated for it then).
+those made zero); ``backend``: "cpu", "triton" or "reference". ``counts`` is int64 ``[2]``, or None
+without ``stats`` (nothing is counted or allocated for it then).
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from .plan import Rule, canonical_4d
 from .reference import quantize_reference
 from .scalar import MAG
 
-__all__ = ["quantize_rule", "quantize_rule_call", "run_rule"]
+__all__ = ["run_rule"]
 
 
 def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
@@ -34,8 +33,12 @@ def _counts_torch(xb: torch.Tensor, ob: torch.Tensor) -> torch.Tensor:
     return torch.stack([nz.sum(), (nz & ((ob & MAG) == 0)).sum()])
 
 
-def _key_ints(keys: Optional[torch.Tensor]) -> tuple[int, int]:
-    return (0, 0) if keys is None else tuple(int(v) for v in keys.tolist())
+def key_ints(keys) -> tuple[int, int]:
+    """The two stochastic keys as numbers (the reference's and the Numba kernels' form): a tensor of
+    them read back (once; on a CUDA tensor that is a host read, the fallback's cost), None as (0, 0)."""
+    if keys is None:
+        return (0, 0)
+    return tuple(int(v) for v in keys.tolist()) if isinstance(keys, torch.Tensor) else keys
 
 
 @functools.lru_cache(maxsize=1024)
@@ -50,7 +53,7 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
     r, t = rule if isinstance(rule, Rule) else Rule(*rule), (None if tile is None else tuple(tile))
     canon = _canonical(tuple(x.shape), t)
     if backend == "reference" or (t is not None and canon is None):
-        out = quantize_reference(x, r, t, _key_ints(keys))
+        out = quantize_reference(x, r, t, key_ints(keys))
         return out, (_counts_torch(x.view(torch.int32), out.view(torch.int32)) if stats else None)
     shape4, tile4 = canon if canon is not None else (None, None)
     out = torch.empty_like(x)
@@ -59,29 +62,6 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
             raise ValueError("backend='cpu' needs a CPU tensor; got one on " + str(x.device))
         kernel("pages", "cpu")(out)  # huge pages for the untouched output: numba_cpu/pages.py
         nz, zc = kernel("rule", "cpu")(x.view(torch.int32).numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), r,
-                         shape4, tile4, _key_ints(keys), stats)
+                         shape4, tile4, key_ints(keys), stats)
         return out, (torch.tensor([nz, zc], dtype=torch.int64) if stats else None)
     return out, kernel("rule", "triton")(x, out, r, shape4, tile4, keys, stats)
-
-
-@torch.library.custom_op("bfp::quantize_rule", mutates_args=())
-def quantize_rule(x: torch.Tensor, rule: list[int], tile: Optional[list[int]], keys: Optional[torch.Tensor], stats: bool,
-                  backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    out, counts = run_rule(x, tuple(rule), None if tile is None else tuple(tile), keys, stats, backend)
-    return out, (counts if stats else x.new_empty(0, dtype=torch.int64))
-
-
-@quantize_rule.register_fake
-def _(x, rule, tile, keys, stats, backend):
-    return torch.empty_like(x), x.new_empty(2 if stats else 0, dtype=torch.int64)
-
-
-def quantize_rule_call(x: torch.Tensor, rule: tuple, tile: Optional[tuple], keys: Optional[torch.Tensor], stats: bool,
-                       backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``quantize_rule`` as the library calls it: through the op while torch.compile traces or for
-    a tensor subclass (FakeTensor), so the graph holds one opaque op; in plain eager mode straight
-    to its implementation, which saves the dispatcher's tens of microseconds a call (the same
-    function either way, so the same bits)."""
-    if type(x) is torch.Tensor and not torch.compiler.is_compiling():
-        return run_rule(x, rule, tile, keys, stats, backend)
-    return quantize_rule(x, list(rule), None if tile is None else list(tile), keys, stats, backend)

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from ..formats.scaled import Scaled
-from .runtime import kernel
+from .runtime import device_backend, kernel
 
 _F32_MAX = float(torch.finfo(torch.float32).max)
 
@@ -24,7 +24,7 @@ _F32_MAX = float(torch.finfo(torch.float32).max)
 def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of float32 ``x32`` (0-dim; 0 for an empty tensor): one Numba
     pass on a contiguous CPU tensor (``scaled_cpu``), PyTorch steps elsewhere; the same value."""
-    fast = kernel("amax", "cpu" if x32.device.type == "cpu" else "triton" if x32.is_cuda else "reference")
+    fast = kernel("amax", device_backend(x32)) if x32.device.type in ("cpu", "cuda") else None
     if fast is not None and x32.is_contiguous() and x32.numel():
         return fast(x32)  # Numba or Triton, loaded on first use
     return _amax_torch(x32)

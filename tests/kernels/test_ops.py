@@ -1,50 +1,58 @@
-"""``torch.ops.bfp.quantize_rule`` is an operator PyTorch understands: ``torch.library.opcheck``
-passes on it (schema, fake implementation, autograd registration, AOT dispatch) for every backend,
-element-wise and tiled, each rounding, with and without counts; and it traces with fake tensors."""
+"""The quantize entry points are operators PyTorch understands: ``torch.library.opcheck`` passes on
+``bfp::quantize_format`` (schema, fake implementation, autograd registration, AOT dispatch) for every
+family and backend, element-wise and tiled, each rounding, with and without counts, and on
+``bfp::hadamard_quantize`` and ``bfp::fused_bmm``; fake tensors trace through them."""
+import dataclasses
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from bfp import format_from_name
-from bfp.kernels.ops import quantize_rule
-from bfp.kernels.plan import rule_for, tile_for
+from bfp import MX, format_from_name
+from bfp.kernels import quantize_stats
+from bfp.kernels.dispatch import _draw, format_json, needs_keys, quantize_format
 
+# the element-rule families, element-wise and tiled (a 4-D tile, one that folds into more than four
+# axes, a 0-dim tensor's one-element tile), each also with stochastic rounding
 CASES = [("float8_e4m3fn", (6, 40)), ("fb16", (4, 12, 3, 3)), ("mxfp8_e4m3", (5, 64)), ("fb12", (3, 5, 7, 2, 3)),
-         ("fb12", ())]  # a 0-dim tensor: BFP's one tile of one element (tile [], not element-wise)
+         ("fb12", ())]
+
+
+def _stochastic(fmt):
+    if isinstance(fmt, MX):
+        return dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding="stochastic"))
+    return dataclasses.replace(fmt, rounding="stochastic")
 
 
 def _args(name, shape, backend, stats, stochastic=False):
     fmt = format_from_name(name)
-    rule = list(rule_for(fmt))
-    if stochastic:
-        rule[1] = 2
-    x = torch.randn(shape) * 3
+    fmt = _stochastic(fmt) if stochastic else fmt
     keys = torch.tensor([7, 4000000000], dtype=torch.int64) if stochastic else None
-    tile = tile_for(fmt, shape)
-    return (x, rule, None if tile is None else list(tile), keys, stats, backend)
+    assert needs_keys(fmt) == stochastic
+    return (torch.randn(shape) * 3, format_json(fmt), keys, stats, backend)
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 @pytest.mark.parametrize("name, shape", CASES)
 @pytest.mark.parametrize("stats, stochastic", [(False, False), (True, True)])
 def test_opcheck_passes(name, shape, backend, stats, stochastic):
-    torch.library.opcheck(torch.ops.bfp.quantize_rule.default, _args(name, shape, backend, stats, stochastic))
+    torch.library.opcheck(torch.ops.bfp.quantize_format.default, _args(name, shape, backend, stats, stochastic))
 
 
-def test_the_op_and_the_public_quantize_agree_and_counts_are_only_made_when_asked():
-    x, rule, tile, keys, _, _ = _args("fb16", (4, 12, 3, 3), "cpu", False)
-    out, counts = quantize_rule(x, rule, tile, keys, False, "cpu")
+def test_the_op_and_the_reference_agree_and_counts_are_only_made_when_asked():
+    x, fmt, keys, _, _ = _args("fb16", (4, 12, 3, 3), "cpu", False)
+    out, counts = quantize_format(x, fmt, keys, False, "cpu")
     assert counts.numel() == 0
-    ref, rcounts = quantize_rule(x, rule, tile, keys, True, "reference")
+    ref, rcounts = quantize_format(x, fmt, keys, True, "reference")
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32)) and rcounts.shape == (2,)
 
 
-def test_fake_tensors_trace_without_running_a_kernel():
+def test_fake_tensors_trace_through_the_op_without_running_a_kernel():
+    """A FakeTensor (what torch.compile traces with) reaches the kernels only through the op, whose
+    fake implementation gives the shapes."""
     with FakeTensorMode() as mode:
         x = mode.from_tensor(torch.randn(4, 12, 3, 3))
-        fmt = format_from_name("fb16")
-        out, counts = torch.ops.bfp.quantize_rule(x, list(rule_for(fmt)), list(tile_for(fmt, (4, 12, 3, 3))), None,
-                                                  True, "cpu")
+        out, counts = quantize_stats(x, format_from_name("fb16"), backend="cpu")
     assert out.shape == (4, 12, 3, 3) and counts.shape == (2,) and counts.dtype == torch.int64
 
 
@@ -55,7 +63,6 @@ FORMAT_CASES = ["nvfp4", "nvfp4_sr", "nvfp4_te", "fp8_e4m3_tensorwise", "fp8_e5m
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 @pytest.mark.parametrize("name", FORMAT_CASES)
 def test_opcheck_passes_on_the_format_op_for_every_family(name, backend):
-    from bfp.kernels.dispatch import format_json, needs_keys
     fmt = format_from_name(name)
     keys = torch.tensor([11, 3000000000], dtype=torch.int64) if needs_keys(fmt) else None
     for stats in (False, True):
@@ -66,8 +73,6 @@ def test_opcheck_passes_on_the_format_op_for_every_family(name, backend):
 def test_the_format_op_takes_the_same_single_draw_as_the_eager_path():
     """Through the op (a tensor subclass, as under FakeTensor or torch.compile, routes there) a
     stochastic format gives the eager path's bits for the same generator seed."""
-    from bfp.kernels import quantize_stats
-    from bfp.kernels.dispatch import format_json, quantize_format, _draw
     x = torch.randn(5, 64)
     for name in ("nvfp4_sr", "fb16", "fp8_e4m3_tensorwise"):
         fmt = format_from_name(name)
@@ -81,7 +86,6 @@ def test_the_format_op_takes_the_same_single_draw_as_the_eager_path():
 def test_opcheck_passes_on_the_hadamard_and_tensor_core_ops():
     import json
     import bfp.hadamard  # noqa: F401 (registers bfp::hadamard_quantize)
-    from bfp.kernels.dispatch import format_json
     from bfp.tensorcore import FUSED_PRESETS
     for name, keys in (("nvfp4", None), ("nvfp4_sr", torch.tensor([3, 4], dtype=torch.int64))):
         for t in (torch.randn(32, 8), torch.randn(40, 6)):  # rows padded to whole blocks in the second

@@ -198,7 +198,6 @@ def _pow2_at_least(v: int) -> int:
     return 1 << max(v - 1, 0).bit_length()
 
 
-@functools.lru_cache(maxsize=256)
 def _rule_consts(rule) -> dict:
     kind, mode, scale, soff, qoff, lim, emin, man, maxkept, emaxq, ftz, ovf_inf, inf_nan = rule
     top = lim if kind == 1 else maxkept
@@ -207,13 +206,11 @@ def _rule_consts(rule) -> dict:
                 TOP=top, MB=py_ilog2(top) if top else 0, FTZ=ftz, OVF_INF=ovf_inf, INF_NAN=inf_nan)
 
 
-@functools.lru_cache(maxsize=256)
 def _elementwise_consts(rule) -> tuple:
     """The one tile's constants of an element-wise rule (scale 0), the host's."""
     return _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept, rule.emaxq)
 
 
-@functools.lru_cache(maxsize=1024)
 def tile_config(shape4, tile4) -> dict:
     """How a tiled launch covers ``shape4`` with ``tile4``: the tile counts, whether the big-tile
     kernel runs, tiles a program (``TPP``) and the kernel's tile constants."""
