@@ -98,28 +98,62 @@ def count(name: str, stats: bool = False, warps=None) -> dict:
             "per_element": round(ins * 32 * warps / per_program, 1)}
 
 
-def count_nvfp4(block: int = 16, stochastic: bool = False, warps: int = 4) -> list[dict]:
-    """Rows for NVFP4's two kernels (``triton_cuda/nvfp4.py``): the amax pass and the quantize pass."""
+def count_nvfp4(block=16, stochastic: bool = False, te: bool = False, warps: int = 4) -> list[dict]:
+    """Rows for NVFP4's two kernels (``triton_cuda/nvfp4.py``): the amax pass and the quantize pass
+    (``block`` an int: 1-D blocks along the last axis; a pair: 2-D tiles; ``te``: TE's convention)."""
     from bfp.formats import Rounding
     from bfp.kernels.nvfp4_codes import E2M1, E4M3
     from bfp.kernels.triton_cuda import nvfp4 as N
-    k = _compile(N._amax, {"x_ptr": "*fp32", "part_ptr": "*i32", "n": "i32"}, dict(BLOCK=N.ELEMS, IDX64=False), warps)
+    k = _compile(N._amax, {"x_ptr": "*fp32", "part_ptr": "*i32", "n": "i32"},
+                 dict(BLOCK=N.ELEMS, IDX64=False, WITH_INF=te), warps)
     ins, regs, spill = _sass(k)
-    rows = [{"format": "nvfp4 amax", "kernel": "_amax", "stats": False, "warps": warps, "sass": ins, "registers": regs,
+    rows = [{"format": "nvfp4 amax" + (" +Inf" if te else ""), "kernel": "_amax", "stats": False, "warps": warps, "sass": ins, "registers": regs,
              "spill_bytes": spill, "per_element": round(ins * 32 * warps / N.ELEMS, 1)}]
-    pb, e2 = block, rule_for(E2M1[Rounding.STOCHASTIC if stochastic else Rounding.NEAREST])
-    tpp = N.ELEMS // pb
-    consts = dict(BLK=block, PB=pb, TPP=tpp, TENSOR_SCALE=True, E4=N._consts(rule_for(E4M3)), E2=N._consts(e2),
-                  MODE=e2.mode, IDX64=False)
-    sig = {"x_ptr": "*fp32", "o_ptr": "*fp32", "keys_ptr": "*i64", "amax_ptr": "*i32", "n_rows": "i32", "C": "i32",
-           "n_blocks_row": "i32"}
+    br, bc = block if isinstance(block, tuple) else (1, block)
+    e2 = rule_for(E2M1[Rounding.STOCHASTIC if stochastic else Rounding.NEAREST])
+    tpp = N.ELEMS // (br * bc)
+    consts = dict(BR=br, BC=bc, PR=br, PC=bc, TPP=tpp, TILE2D=br > 1, TENSOR_SCALE=True, TE=te,
+                  E4=N._consts(rule_for(E4M3)), E2=N._consts(e2), MODE=e2.mode, IDX64=False)
+    sig = {"x_ptr": "*fp32", "o_ptr": "*fp32", "keys_ptr": "*i64", "amax_ptr": "*i32", "B": "i32", "R": "i32",
+           "C": "i32", "Z": "i32", "n_tile_rows": "i32", "n_tile_cols": "i32"}
     sig.update({k: "constexpr" for k in consts})
     k = triton.compile(ASTSource(fn=N._quantize, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "enable_fp_fusion": False})
     ins, regs, spill = _sass(k)
-    rows.append({"format": "nvfp4" + (" sr" if stochastic else ""), "kernel": f"_quantize 1x{block} blocks, {tpp} a program",
+    name = "nvfp4" + ("_te" if te else "") + (" sr" if stochastic else "")
+    rows.append({"format": name, "kernel": f"_quantize {br}x{bc} blocks, {tpp} a program",
                  "stats": False, "warps": warps, "sass": ins, "registers": regs, "spill_bytes": spill,
-                 "per_element": round(ins * 32 * warps / (tpp * block), 1)})
+                 "per_element": round(ins * 32 * warps / (tpp * br * bc), 1)})
+    return rows
+
+
+def count_scaled(warps: int = 4) -> list[dict]:
+    """Rows for scaled FP8's kernels (``triton_cuda/scaled.py``, float8_e4m3fn, nearest): per tensor,
+    rowwise along the last axis (rows of 1024, 2 a program), along another axis (strided), and long rows."""
+    from bfp.kernels.triton_cuda import scaled as S
+    fmt = format_from_name("float8_e4m3fn")
+    rule = rule_for(fmt)
+    qt, p2q, hi, lo = S._consts(rule)
+    rc = dict(FMAX=fmt.max, POW2=False, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man,
+              FTZ=rule.ftz, OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, IDX64=False)
+    ptrs = {"x_ptr": "*fp32", "o_ptr": "*fp32", "keys_ptr": "*i64"}
+    cases = [("fp8 tensorwise", "_scaled", S._scaled, {**ptrs, "amax_ptr": "*fp32", "n": "i32"},
+              dict(BLOCK=S.ELEMS), S.ELEMS)]
+    for strided in (False, True):
+        cases.append(("fp8 rowwise", f"_rows 1024 a row, 2 a program{', strided' if strided else ''}", S._rows,
+                      {**ptrs, "R": "i32", "C": "i32", "Z": "i32"}, dict(PT=1024, TPP=2, STRIDED=strided), 2048))
+    cases.append(("fp8 rowwise", f"_long_rows, chunks of {S.ELEMS} (read twice)", S._long_rows,
+                  {**ptrs, "C": "i32", "Z": "i32"}, dict(CHUNK=S.ELEMS), None))
+    rows = []
+    for fmt_name, kernel, fn, sig, consts, per_program in cases:
+        sig = {**sig, **{k: "constexpr" for k in {**consts, **rc}}}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**consts, **rc}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False})
+        ins, regs, spill = _sass(k)
+        # the looping kernel: its static count over the two loops' chunks (an element is visited twice)
+        per = round(ins * 32 * warps / (per_program or S.ELEMS), 1)
+        rows.append({"format": fmt_name, "kernel": kernel, "stats": False, "warps": warps, "sass": ins,
+                     "registers": regs, "spill_bytes": spill, "per_element": per})
     return rows
 
 
@@ -129,7 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--formats", default=",".join(FORMATS))
     args = p.parse_args(argv)
     rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)] + count_nvfp4() \
-        + count_nvfp4(stochastic=True)[1:]
+        + count_nvfp4(stochastic=True)[1:] + count_nvfp4((16, 16))[1:] + count_nvfp4(te=True) \
+        + count_nvfp4((16, 16), te=True)[1:] + count_scaled()
     print(f"triton {triton.__version__}, sm_90, tensor {'x'.join(map(str, SHAPE))}; budget ~{BUDGET} "
           f"thread-instructions per element at H200 copy bandwidth")
     print(f"{'format':16} {'per elem':>8} {'regs':>5} {'spill':>5} {'warps':>5}  kernel")

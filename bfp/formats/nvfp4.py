@@ -24,9 +24,9 @@ roundings, then clamped: saturation). Underflow: elements below a quarter of a
 block's E2M1 step round to zero (E2M1 has one subnormal, 0.5). NaN stays NaN and
 Inf becomes NaN (E2M1 has neither); neither takes part in the maxima. The double
 rounding of steps 4 (``x / ts`` to float32, then to E2M1) is the recipe's own and is
-reproduced, not avoided. The Numba CPU kernel (``bfp.kernels.nvfp4``), the Triton kernel
-(``bfp.kernels.triton_cuda.nvfp4``, 1-D blocks, CUDA tensors) and the PyTorch reference (any
-device; 2-D blocks) compute exactly these operations.
+reproduced, not avoided. The Numba CPU kernels (``bfp.kernels.numba_cpu``), the Triton kernel
+(``bfp.kernels.triton_cuda.nvfp4``, CUDA tensors, both conventions, 1-D and 2-D blocks) and the
+PyTorch reference (any device) compute exactly these operations.
 
 ``convention="te"`` (presets ``nvfp4_te``, ``nvfp4_te_sr``) is TransformerEngine's order instead
 (``bfp.kernels.nvfp4_te``: its encode scale ``S_enc = 2688 / amax`` capped at float32's max, block

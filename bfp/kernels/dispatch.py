@@ -175,9 +175,10 @@ def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):
         out = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32))
     elif fmt.granularity == "tensor" or x32.dim() == 0:
         out = scaled.tensorwise(x32, fmt, rnd, keys=scaled_keys(fmt, generator, backend, x32))
-    elif (rows := kernel("scaled_rowwise", backend)) is not None and fmt.axis in (-1, x32.dim() - 1) \
-            and 0 < x32.shape[-1] <= 4096:  # one fused pass, each row's amax in registers
-        out = rows(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32))
+    elif (rows := kernel("scaled_rowwise", backend)) is not None and -x32.dim() <= fmt.axis < x32.dim():
+        # one fused pass along any axis, each line's amax in registers (or one program a line)
+        out = rows(x32, fmt.axis % x32.dim(), fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt),
+                   _stochastic_keys(fmt.fmt, generator, x32))
     else:
         y, scale = scaled.prepare(x32, fmt)
         out = scaled.finish(rnd(y, fmt.fmt), scale)

@@ -1,14 +1,15 @@
-"""NVFP4 quantization (the rule is ``bfp.formats.nvfp4``'s docstring): a PyTorch reference, which also
-runs CUDA tensors where no kernel does (TransformerEngine's convention and 2-D blocks: the fallback
-policy of ``runtime``), and the dispatch to the Numba CPU kernels (``numba_cpu/nvfp4_cpu``) and to the
-Triton kernel (``triton_cuda/nvfp4``: 1-D blocks in bfpsim's convention, moved to the last axis),
-which do the same float32 operations in the same order.
+"""NVFP4 quantization (the rule is ``bfp.formats.nvfp4``'s docstring): a PyTorch reference, and the
+dispatch to the Numba CPU kernels (``numba_cpu/nvfp4_cpu``, ``nvfp4_te_cpu``) and to the Triton
+kernel (``triton_cuda/nvfp4``: both conventions, 1-D blocks moved to the last axis, 2-D tiles on the
+tensor as it is), which do the same float32 operations in the same order.
 
 The E4M3 block scales and the E2M1 elements are rounded by the integer element rule of
 ``scalar.py`` (the one every format uses), so only the divisions and products between them
 are float32 arithmetic, and those are correctly rounded on every backend.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -59,22 +60,38 @@ def _tile(x32: torch.Tensor, axis: int, block: tuple) -> list[int]:
     return tile
 
 
+def _view(shape: tuple, axis: int, block) -> tuple[tuple, tuple]:
+    """``(B, R, C, Z)`` and ``(BR, BC)`` of a 2-D block ending on ``axis`` (the Triton kernel's view)."""
+    br, bc = block
+    return (math.prod(shape[:axis - 1]), shape[axis - 1], shape[axis], math.prod(shape[axis + 1:])), (br, bc)
+
+
 def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
-    """NVFP4 of float32 ``x32`` (a new tensor); ``backend`` "cpu" runs the Numba kernel on CPU
-    tensors, any other the PyTorch reference on ``x32``'s device (2-D blocks always)."""
+    """NVFP4 of float32 ``x32`` (a new tensor); ``backend`` "cpu" runs the Numba kernels on CPU
+    tensors, "triton" the Triton kernel (both conventions, 1-D blocks moved to the last axis, 2-D
+    tiles on the tensor as it is), any other the PyTorch reference on ``x32``'s device."""
     axis = fmt.axis + x32.dim() if fmt.axis < 0 else fmt.axis
     if not 0 <= axis < max(x32.dim(), 1):
         raise ValueError(f"NVFP4 axis {fmt.axis} is out of range for a tensor of shape {tuple(x32.shape)}")
     if isinstance(fmt.block, tuple) and axis - len(fmt.block) + 1 < 0:
         raise ValueError(f"NVFP4 block {'x'.join(map(str, fmt.block))} ending on axis {fmt.axis} needs "
                          f"{len(fmt.block)} axes up to it; a tensor of shape {tuple(x32.shape)} has {axis + 1}")
-    # 1-D blocks in bfpsim's convention run the Triton kernel on its backend; every other path takes
-    # the keys as numbers (a device tensor of them is read back once: the fallback's cost)
-    fast = kernel("nvfp4", backend) if backend == "triton" and fmt.convention != "te" and \
-        not isinstance(fmt.block, tuple) else None
-    if fast is None:
-        keys = key_ints(keys)
-    if fmt.convention == "te":  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
+    te = fmt.convention == "te"
+    fast = kernel("nvfp4", backend) if backend == "triton" and x32.numel() else None
+    if fast is not None:  # the Triton kernel: the keys stay on the device
+        if fmt.rounding is not Rounding.STOCHASTIC:
+            keys = None
+        elif not isinstance(keys, torch.Tensor):
+            keys = torch.tensor(keys, dtype=torch.int64, device=x32.device)
+        if isinstance(fmt.block, tuple):  # 2-D tiles: on the tensor as it is
+            view, block = _view(tuple(x32.shape), axis, fmt.block)
+            return fast(x32.contiguous(), view, block, fmt.rounding, fmt.tensor_scale, te, keys)
+        xm = (x32.reshape(1) if x32.dim() == 0 else x32).movedim(axis, -1).contiguous()
+        out = fast(xm, (xm.numel() // xm.shape[-1], 1, xm.shape[-1], 1), (1, fmt.block), fmt.rounding,
+                   fmt.tensor_scale, te, keys)
+        return out.movedim(-1, axis).reshape(x32.shape)
+    keys = key_ints(keys)  # every other path takes the keys as numbers
+    if te:  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
         if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis, in place
             return kernel("nvfp4_te", "cpu")(x32.contiguous(), axis, fmt, keys)
         if isinstance(fmt.block, tuple):  # TE's 16 x 16 weight tiles, on the tensor as it is
@@ -95,11 +112,4 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
         if out is not None:
             return out.reshape(x32.shape)
     xm = xm.movedim(axis, -1).contiguous()
-    if fast is not None:  # the Triton kernel: the keys stay on the device
-        stochastic = fmt.rounding is Rounding.STOCHASTIC
-        if stochastic and not isinstance(keys, torch.Tensor):
-            keys = torch.tensor(keys, dtype=torch.int64, device=xm.device)
-        out = fast(xm, fmt.block, fmt.rounding, fmt.tensor_scale, keys if stochastic else None)
-    else:
-        out = reference(xm, fmt, keys)
-    return out.movedim(-1, axis).reshape(x32.shape)
+    return reference(xm, fmt, keys).movedim(-1, axis).reshape(x32.shape)

@@ -20,10 +20,10 @@ which mirrors ``core_nvfp4.cuh``), each step a float32 operation rounded to near
    one operand at a time, ``S_dec`` is that factor's share (they can differ in float32's last bit).
 
 NaN stays NaN (TE's byte packing has no NaN code and stores it as +0; a simulator keeps it
-visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The steps are PyTorch
-float32 operations on every device (the reference, and CUDA); on the CPU, 1-D blocks along any axis
-and 2-D tiles run as Numba kernels in the tensor's own layout (``nvfp4_te_cpu``), with the same
-bits and draws as the reference.
+visible), +-Inf is clamped to +-6 times the block scale, as TE's clamp does. The steps below are
+PyTorch float32 operations on any device (the reference); on the CPU, 1-D blocks along any axis
+and 2-D tiles run as Numba kernels in the tensor's own layout (``nvfp4_te_cpu``), on CUDA tensors
+as the Triton kernel (``triton_cuda/nvfp4``), with the same bits and draws as the reference.
 """
 from __future__ import annotations
 

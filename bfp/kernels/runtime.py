@@ -38,11 +38,11 @@ KERNELS: dict[tuple[str, str], str] = {
     ("rule", "cpu"): "numba_cpu.cpu:run",                      # Float, BlockFloat, MX, P3109
     ("rule", "triton"): "triton_cuda:run",
     ("nvfp4", "cpu"): "numba_cpu.nvfp4_cpu:quantize",          # NVFP4 (1-D blocks any axis, 2-D tiles)
-    ("nvfp4", "triton"): "triton_cuda.nvfp4:quantize_rows",    # NVFP4, 1-D blocks (moved to the last axis)
+    ("nvfp4", "triton"): "triton_cuda.nvfp4:quantize",         # NVFP4, both conventions, 1-D blocks and 2-D tiles
     ("nvfp4_te", "cpu"): "numba_cpu.nvfp4_te_cpu:quantize",    # NVFP4 in TransformerEngine's order
     ("scaled", "cpu"): "numba_cpu.scaled_cpu:apply",           # per-tensor scaled FP8, fused
     ("scaled_tensorwise", "triton"): "triton_cuda.scaled:tensorwise",  # the same, amax and scale on the device
-    ("scaled_rowwise", "triton"): "triton_cuda.scaled:rowwise",  # rowwise along the last axis, rows <= 4096
+    ("scaled_rowwise", "triton"): "triton_cuda.scaled:rowwise",  # rowwise along any axis, one pass
     ("amax", "cpu"): "numba_cpu.scaled_cpu:amax",
     ("amax", "triton"): "triton_cuda.scaled:amax",
     ("inplace", "cpu"): "numba_cpu.inplace_cpu",               # rounded running sums (accumulators)

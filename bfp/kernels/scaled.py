@@ -1,8 +1,7 @@
 """The scaling steps of ``bfp.formats.scaled.Scaled`` around the element rounding (which is the plain
 ``Float`` path of ``dispatch``): amax, the scale, ``x * scale`` clamped, and ``q / scale`` (the
 reference of the fused kernels: ``numba_cpu/scaled_cpu.py`` on the CPU, ``triton_cuda/scaled.py`` for
-per-tensor scaling and rowwise scaling along the last axis (rows up to 4096) on CUDA tensors; other
-rowwise cases run these steps with the Triton element rule).
+per-tensor and rowwise scaling on CUDA tensors).
 PyTorch operations, so the same on every device: the two divisions run in float64 and round once to
 float32, which equals IEEE float32 division (a quotient of two float32 values rounded to float64 and
 then to float32 is the correctly rounded float32 quotient: 53 >= 2 * 24 + 2 bits), whatever the

@@ -4,9 +4,10 @@ tiles and both signs of zero: bit-exact against the PyTorch reference, with the 
 
 The Triton backend runs on CUDA tensors where a GPU is present and otherwise under Triton's
 interpreter on CPU tensors (``tests/conftest.py`` sets ``TRITON_INTERPRET=1``): its kernels are
-integer-only, so the interpreter computes the bits a GPU does. Families the Triton backend has no
-kernel for (NVFP4, the fused accumulators) take the reference on the tensor's device by the kernels'
-fallback policy, and are checked through the same door.
+integer-only, so the interpreter computes the bits a GPU does. What the Triton backend has no
+kernel for (the Hadamard transform, the fused accumulators) takes the reference on the tensor's
+device by the kernels' fallback policy; ``test_triton_runs_these_without_the_reference`` shows the
+families it does cover never reach the reference.
 """
 import dataclasses
 
@@ -64,7 +65,9 @@ EXTRA = [BlockFloat(5, (2, 3), "nearest"), BlockFloat(6, (1, 4, 2, 3), "stochast
          BlockFloat(4, (1, 4096), "truncate"), Float(4, 3, "stochastic", encoding="fn"), Float(3, 0),
          MX("float6_e3m2fn", block=8, axis=1), MX("float8_e4m3fn", block=(4, 3), axis=-1, scale_mode="rceil"),
          MX(Float(3, 0, encoding="finite"), block=8), MX("int8", block=4, scale_mode="even"),
-         NVFP4(block=(16, 16)), NVFP4(axis=0), NVFP4(block=8, tensor_scale=False)]
+         NVFP4(block=(16, 16)), NVFP4(axis=0), NVFP4(block=8, tensor_scale=False),
+         NVFP4(block=(4, 8), axis=1, rounding="stochastic"), NVFP4(axis=0, convention="te"),
+         NVFP4(block=(16, 16), axis=1, convention="te", rounding="stochastic")]
 PRESETS = [n for n in format_names() if "delayed" not in n]
 
 
@@ -130,15 +133,38 @@ def test_delayed_scaling_on_the_triton_backend_equals_the_reference_and_moves_th
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3_rowwise", "fp8_e5m2_rowwise_pow2"])
-def test_rowwise_scaling_in_one_triton_pass_equals_the_reference_for_short_and_long_rows(name):
+def test_rowwise_scaling_in_one_triton_pass_equals_the_reference_on_every_axis_and_row_length(name):
     fmt = format_from_name(name)
     fails: list = []
     for f in (fmt, dataclasses.replace(fmt, fmt=dataclasses.replace(fmt.fmt, rounding="stochastic"))):
         for x in (torch.randn(3, 4, 100) * 1e3, torch.randn(2, 5000), INPUTS[8]):  # fused; a long row; edge rows
-            want = quantize_stats(x, f, generator=torch.Generator().manual_seed(2), backend="reference")
-            got = quantize_stats(x.to(DEVICE["triton"]), f, generator=torch.Generator().manual_seed(2),
-                                 backend="triton")
-            if not (torch.equal(want[0].view(torch.int32), got[0].cpu().view(torch.int32))
-                    and torch.equal(want[1], got[1].cpu())):
-                fails.append(f"{f!r} {tuple(x.shape)}")
+            _check(f, x, fails)
+        for axis in (0, 1):  # lines along an axis that is not the last: strided, short and long
+            for x in (torch.randn(3, 40, 5) * 1e3, torch.randn(2, 4500, 3)):
+                _check(dataclasses.replace(f, axis=axis), x, fails)
     assert not fails, fails
+
+
+def _check(f, x, fails):
+    want = quantize_stats(x, f, generator=torch.Generator().manual_seed(2), backend="reference")
+    got = quantize_stats(x.to(DEVICE["triton"]), f, generator=torch.Generator().manual_seed(2), backend="triton")
+    if not (torch.equal(want[0].view(torch.int32), got[0].cpu().view(torch.int32))
+            and torch.equal(want[1], got[1].cpu())):
+        fails.append(f"{f!r} {tuple(x.shape)}")
+
+
+def test_triton_runs_these_without_the_reference(monkeypatch):
+    """NVFP4 (both conventions, 1-D and 2-D blocks) and Scaled (tensorwise, rowwise on any axis) run
+    the Triton kernels: the PyTorch references they would fall back on are made to raise."""
+    import bfp.kernels.nvfp4 as nv
+    import bfp.kernels.scaled as sc
+
+    def refuse(*a, **k):
+        raise AssertionError("the reference ran")
+    for mod, name in ((nv, "reference"), (nv, "quantize_te"), (sc, "prepare"), (sc, "tensorwise")):
+        monkeypatch.setattr(mod, name, refuse)
+    x = torch.randn(4, 32, 48).to(DEVICE["triton"])
+    for fmt in (NVFP4(), NVFP4(block=(16, 16)), NVFP4(convention="te"), NVFP4(block=(16, 16), convention="te"),
+                NVFP4(axis=0, rounding="stochastic"), format_from_name("fp8_e4m3_tensorwise"),
+                dataclasses.replace(format_from_name("fp8_e4m3_rowwise"), axis=1)):
+        quantize_stats(x, fmt, generator=torch.Generator().manual_seed(1), backend="triton")

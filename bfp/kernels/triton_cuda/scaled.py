@@ -1,6 +1,6 @@
-"""Per-tensor scaled FP8 (``bfp.formats.scaled``, ``granularity="tensor"``, current or delayed) in Triton.
+"""Scaled FP8 (``bfp.formats.scaled``): per tensor (current or delayed) and rowwise, in Triton.
 
-Two launches and no host round trip: the amax pass of ``nvfp4.py`` (each program's largest finite
+Per tensor: two launches and no host round trip: the amax pass of ``nvfp4.py`` (each program's largest finite
 magnitude) and a torch ``amax`` of its partial maxima, or the delayed recipe's amax given as a
 device tensor; then ``_scaled``, element-wise: the scale from the amax (``fmt.max / amax`` as an
 IEEE division, 1 where the amax is 0, at most float32's max, its exponent alone with ``pow2``),
@@ -9,20 +9,28 @@ element rule, and ``q / scale`` as an IEEE division (``tl.math.div_rn``): the st
 ``kernels/scaled.py`` in its order, so the bits equal the PyTorch reference's, and no step divides
 by a reciprocal (PyTorch's CUDA kernels do, pytorch/pytorch issues 191495 and 186618). Launched
 with ``enable_fp_fusion=False``.
+
+Rowwise (one scale per line along ``axis``): one launch. ``_rows`` gives a program whole lines of
+up to ``MAX_ROW`` elements, each line's amax one ``tl.max`` in registers; a line along an axis
+that is not the last is read with its stride (lines enumerated innermost first, so neighbouring
+lines' loads are coalesced), with no transposing copy, so the draws of stochastic rounding hash the
+same flat offsets as the reference. Longer lines take ``_long_rows``: one program a line, read
+twice in chunks (amax, then rounding).
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from ..scalar import _tile_consts
-from .nvfp4 import ELEMS, _amax, _clamp, _f32
+from .nvfp4 import ELEMS, _clamp, _f32, tensor_amax
 from .rule import EXP_INF, MAG, quant_elem, rand32
 
-MAX_ROW = 4096  # rowwise rows up to this length run in one program (longer ones: the PyTorch steps)
+MAX_ROW = 4096  # rowwise rows up to this length run in one program with TPP rows (longer ones: one each, looped)
 
 F32_MAX = tl.constexpr(3.4028234663852886e38)
 TINY_BITS = tl.constexpr(0x00800000)  # the smallest normal float32, 2**-126
@@ -68,25 +76,51 @@ def _scaled(x_ptr, o_ptr, keys_ptr, amax_ptr, n, FMAX: tl.constexpr, POW2: tl.co
 
 
 @triton.jit
-def _rows(x_ptr, o_ptr, keys_ptr, R, C, PT: tl.constexpr, TPP: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
-          QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr, KIND: tl.constexpr,
-          MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
-          IDX64: tl.constexpr):
-    """Rowwise scaling along the last axis: a program owns ``TPP`` whole rows of ``C <= PT``
-    elements; each row's amax is one ``tl.max`` in registers."""
+def _rows(x_ptr, o_ptr, keys_ptr, R, C, Z, PT: tl.constexpr, TPP: tl.constexpr, FMAX: tl.constexpr,
+          POW2: tl.constexpr, QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr,
+          KIND: tl.constexpr, MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr,
+          INF_NAN: tl.constexpr, STRIDED: tl.constexpr, IDX64: tl.constexpr):
+    """Rowwise scaling of ``x`` viewed as ``(B, C, Z)`` along ``C`` (``R = B * Z`` rows, ``C <= PT``):
+    a program owns ``TPP`` whole rows; each row's amax is one ``tl.max`` in registers. Rows are
+    enumerated with ``z`` fastest, so a strided row's loads are still coalesced across rows."""
     pid = tl.program_id(0)
     t = pid * TPP + tl.arange(0, TPP)[:, None]
     if IDX64:
         t = t.to(tl.int64)
     s = tl.arange(0, PT)[None, :]
     msk = (t < R) & (s < C)
-    offs = t * C + s
+    offs = ((t // Z) * C + s) * Z + t % Z if STRIDED else t * C + s
     x = tl.load(x_ptr + offs, mask=msk, other=0.0)
     m = x.to(tl.int32, bitcast=True) & MAG
     amax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True).to(tl.float32, bitcast=True)
     out = _apply(x, _scale_of(amax, FMAX, POW2), offs, keys_ptr, FMAX, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF,
                  INF_NAN, IDX64)
     tl.store(o_ptr + offs, out, mask=msk)
+
+
+@triton.jit
+def _long_rows(x_ptr, o_ptr, keys_ptr, C, Z, CHUNK: tl.constexpr, FMAX: tl.constexpr, POW2: tl.constexpr,
+               QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr, KIND: tl.constexpr,
+               MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr,
+               INF_NAN: tl.constexpr, IDX64: tl.constexpr):
+    """Rowwise scaling of rows longer than ``MAX_ROW``: a program owns one row, reads it twice in
+    chunks (its amax, then the rounding): two reads and one write, no second launch."""
+    pid = tl.program_id(0)
+    t = pid.to(tl.int64) if IDX64 else pid
+    base = (t // Z) * C * Z + t % Z
+    s = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.int32)
+    for c0 in range(0, C, CHUNK):
+        offs = base + (c0 + s) * Z
+        m = tl.load(x_ptr + offs, mask=c0 + s < C, other=0.0).to(tl.int32, bitcast=True) & MAG
+        acc = tl.maximum(acc, tl.where(m < EXP_INF, m, 0))
+    scale = _scale_of(tl.max(acc, axis=0).to(tl.float32, bitcast=True), FMAX, POW2)
+    for c0 in range(0, C, CHUNK):
+        offs = base + (c0 + s) * Z
+        msk = c0 + s < C
+        x = tl.load(x_ptr + offs, mask=msk, other=0.0)
+        out = _apply(x, scale, offs, keys_ptr, FMAX, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, IDX64)
+        tl.store(o_ptr + offs, out, mask=msk)
 
 
 @functools.lru_cache(maxsize=64)
@@ -96,11 +130,7 @@ def _consts(rule) -> tuple:
 
 def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of contiguous float32 ``x32`` as a 0-dim float32 device tensor."""
-    n = x32.numel()
-    grid = (-(-n // ELEMS),)
-    part = torch.empty(grid[0], dtype=torch.int32, device=x32.device)
-    _amax[grid](x32, part, n, BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31)
-    return part.amax().view(torch.float32)
+    return tensor_amax(x32).view(torch.float32)
 
 
 def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_amax=None) -> torch.Tensor:
@@ -118,17 +148,24 @@ def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_ama
     return out
 
 
-def rowwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys) -> torch.Tensor:
-    """Rowwise scaled rounding of contiguous float32 ``x32`` along its last axis (rows of at most
-    ``MAX_ROW``); ``keys`` an int64 device tensor (stochastic) or None."""
-    C = x32.shape[-1]
+def rowwise(x32: torch.Tensor, axis: int, fmax: float, pow2: bool, rule, keys) -> torch.Tensor:
+    """Rowwise scaled rounding of contiguous float32 ``x32`` along ``axis`` (one scale per line of
+    that axis, in one pass where a line has at most ``MAX_ROW`` elements); ``keys`` an int64 device
+    tensor (stochastic) or None."""
+    C = x32.shape[axis]
+    Z = math.prod(x32.shape[axis + 1:])
     R = x32.numel() // C
-    pt = 1 << max(C - 1, 0).bit_length()
-    tpp = max(1, ELEMS // pt)
     out = torch.empty_like(x32)
     qt, p2q, hi, lo = _consts(rule)
-    _rows[(-(-R // tpp),)](x32, out, x32 if keys is None else keys, R, C, PT=pt, TPP=tpp, FMAX=fmax, POW2=pow2, QT=qt,
-                           P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
-                           OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, IDX64=x32.numel() + pt * tpp >= 2 ** 31,
-                           enable_fp_fusion=False)
+    consts = dict(FMAX=fmax, POW2=pow2, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man,
+                  FTZ=rule.ftz, OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, IDX64=2 * x32.numel() + 2 * ELEMS >= 2 ** 31)
+    keys = x32 if keys is None else keys
+    if C <= MAX_ROW:
+        pt = 1 << max(C - 1, 0).bit_length()
+        tpp = max(1, ELEMS // pt)
+        _rows[(-(-R // tpp),)](x32, out, keys, R, C, Z, PT=pt, TPP=tpp, STRIDED=Z > 1, **consts,
+                               enable_fp_fusion=False)
+    else:
+        _long_rows[(R,)](x32, out, keys, C, Z, CHUNK=ELEMS, **consts, enable_fp_fusion=False)
     return out
+
