@@ -96,7 +96,7 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
     transformed tensor (``bfp.kernels.numba_cpu.nvfp4_rht``). While torch.compile traces (or for a
     tensor subclass) it is one op, ``torch.ops.bfp.hadamard_quantize``."""
     if type(t) is not torch.Tensor or torch.compiler.is_compiling():
-        keys = draw_keys(generator) if needs_keys(fmt) else None
+        keys = draw_keys(generator, t.device) if needs_keys(fmt) else None
         return hadamard_quantize(t, rht.block, rht.seed, format_json(fmt), keys)
     return _transform_quantize(t, rht, fmt, generator)
 
@@ -112,10 +112,11 @@ def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator) 
 def hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor]) -> torch.Tensor:
     """``transform_quantize`` as an op: the transform ``Hadamard(block, seed)``, the format as
     ``bfp.kernels.format_json``, ``keys`` the stochastic draw (or None)."""
-    return _transform_quantize(t, Hadamard(block, seed), parse_format(fmt), None if keys is None else DrawnKeys(keys))
+    out = _transform_quantize(t, Hadamard(block, seed), parse_format(fmt), None if keys is None else DrawnKeys(keys))
+    return out.contiguous()  # as the fake says
 
 
 @hadamard_quantize.register_fake
 def _(t, block, seed, fmt, keys):
     rows = t.shape[-2]  # the transform pads the rows to whole blocks
-    return t.new_empty(*t.shape[:-2], -(-rows // block) * block, t.shape[-1]) if rows % block else torch.empty_like(t)
+    return t.new_empty(*t.shape[:-2], -(-rows // block) * block, t.shape[-1])

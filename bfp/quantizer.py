@@ -56,6 +56,10 @@ class _LayerQuantizer:
                 or ffmt.rounding is Rounding.STOCHASTIC):
             return None
         hf, hb = self.layer.format_state(fwd), self.layer.format_state(bwd)
+        if hf.device.type != "cpu" or torch.compiler.is_compiling():
+            # the check reads the histories on the host: a synchronisation on a GPU, and no graph can
+            # hold it; the backward point then rounds again (the same bits, two roundings more)
+            return None
         return _StateReuse(self.layer, hf, hb) if torch.equal(hf, hb) else None
 
 

@@ -227,8 +227,13 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend
     if backend not in ("kernel", "reference"):
         raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
     if type(a) is not torch.Tensor or torch.compiler.is_compiling():
-        return fused_bmm_op(a, b, json.dumps(acc.to_dict(), sort_keys=True), backend)
+        return fused_bmm_op(a, b, _accumulator_json(acc), backend)
     return _fused_bmm(a, b, acc, backend)
+
+
+@torch.compiler.assume_constant_result  # a constant of the (frozen) accumulator: not traced (json.dumps)
+def _accumulator_json(acc: "FusedAccumulator") -> str:
+    return json.dumps(acc.to_dict(), sort_keys=True)
 
 
 def _fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str) -> torch.Tensor:

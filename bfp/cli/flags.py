@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from ..amp import COMPUTE_DTYPES
+from ..engine.compiled import COMPILE_MODES
 from ..optim import OPTIMIZERS
 from ..data import cifar as data_mod
 from .amp_flags import add_amp_flags
@@ -156,6 +157,19 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
                         "on a busy machine")
     g.add_argument("--gpu-data", **b, default=False,
                    help="keep the whole dataset on --device and augment there (fast for small models)")
+    g.add_argument("--compile", default="none", choices=COMPILE_MODES,
+                   help="torch.compile the model, forward and backward, fullgraph (bfp.engine.compiled): default; "
+                        "reduce-overhead (CUDA graphs through Inductor on a GPU); max-autotune (slow first "
+                        "compile). Not bit-identical to eager: Inductor may reorder the FP32 work between "
+                        "quantization points")
+    g.add_argument("--cuda-graph", **b, default=False,
+                   help="capture the whole training step (forward, backward, optimizer) as one CUDA graph and "
+                        "replay it (bfp.engine.graphed): needs a GPU; an epoch's last, smaller batch and measured "
+                        "steps (--do, --diagnose) run eagerly; refuses what it cannot capture (loss scaling, "
+                        "several workers, --compile), saying why")
+    g.add_argument("--deterministic", **b, default=False,
+                   help="deterministic algorithms (cuDNN, cuBLAS, torch.use_deterministic_algorithms): GPU runs "
+                        "repeat bit for bit, at some cost in speed; CPU runs repeat without it")
 
     add_distributed_flags(p, b)
 

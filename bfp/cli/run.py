@@ -18,7 +18,9 @@ import torch
 from ..conversion import precision_state, trace_model
 from ..dynamic import DynamicPrecision
 from ..data import DataError
+from ..engine.compiled import deterministic
 from ..engine.diagnose import DiagnoseCallback
+from ..engine.graphed import GraphedStep, refusal
 from ..engine.logs import RunLog, git_commit, package_version, timestamp
 from ..engine.schedule import EpochPlan
 from ..engine.skipped_images import report_callbacks
@@ -109,7 +111,7 @@ def run_name(spec: RunSpec, suffix: str = "") -> str:
 
 def train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
     """One training run; returns a summary (metrics of the last epoch, best accuracy, time)."""
-    with cpu_threads(spec.args.threads):
+    with cpu_threads(spec.args.threads), deterministic(spec.args.deterministic):
         return _train(spec, suffix=suffix, stream=stream)
 
 
@@ -150,13 +152,15 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
         raise UsageError(f"cannot write the run directory {str(run_dir)!r} (--run-dir {args.run_dir}): "
                          f"{e.strerror or e}") from None
     public_args = {k: v for k, v in vars(args).items() if k != "explicit"}
+    amp = make_amp(args, config.compute_dtype, device.type)
+    step = graphed_step(args, device, amp, dist) if args.cuda_graph else dist.step
     try:
         trainer = Trainer(model, data, config, device=device, log=log,
                           checkpoint_dir=(run_dir / "checkpoints") if (args.save and run_dir) else None,
                           callbacks=make_callbacks(args, model, token, run_dir, log) + report_callbacks(data)
                           + task.hooks.callbacks(args), plan=plan,
                           network_config=initial, name=args.model, optimizer_factory=dist.optimizer_factory,
-                          amp=make_amp(args, config.compute_dtype, device.type), step=dist.step,
+                          amp=amp, step=step,
                           extra_state={"args": public_args, "plan": plan.to_json(),
                                        "run_dir": str(run_dir) if run_dir else None, "data": data.fingerprint,
                                        "world": {"processes": dist.env.world_size, "emulate_node": args.emulate_node,
@@ -192,6 +196,15 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
             "model": trainer.model}
 
 
+def graphed_step(args: argparse.Namespace, device: torch.device, amp, dist) -> GraphedStep:
+    """``--cuda-graph``'s step strategy, or the reason it cannot be honoured (bfp.engine.graphed)."""
+    why = refusal(device=device, loss_scaling=amp.scaler.is_enabled(), distributed=dist.env.world_size > 1,
+                  emulated=args.emulate_node > 1, compile_mode=args.compile)
+    if why is not None:
+        raise UsageError(why)
+    return GraphedStep(dist.step)
+
+
 def load_data(args: argparse.Namespace, device: torch.device, task: Optional[Task] = None,
               shard: tuple[int, int, int] = (0, 1, 1)):
     """The run's data; ``shard`` = (rank, world, workers) of a distributed or emulated run."""
@@ -213,7 +226,7 @@ def train_config(args: argparse.Namespace, plan: EpochPlan, device: torch.device
                            save_interval=args.save_interval, histograms=args.histograms,
                            progress=args.progress, lr_schedule=getattr(args, "lr_schedule", "cosine"),
                            nonfinite_epochs=args.stop_nonfinite, max_steps=getattr(args, "max_steps", 0),
-                           sample_unit=getattr(args, "sample_unit", "img"))
+                           sample_unit=getattr(args, "sample_unit", "img"), compile=args.compile)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

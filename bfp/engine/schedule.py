@@ -29,7 +29,7 @@ class CosineSchedule:
             raise ValueError(f"warmup_steps must be in [0, {total_steps}], got {warmup_steps}")
         self.optimizer = optimizer
         self.total_steps, self.warmup_steps, self.min_factor = total_steps, warmup_steps, min_factor
-        self.base_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
         self.step_count = 0
         self._apply()
 
@@ -43,7 +43,10 @@ class CosineSchedule:
     def _apply(self) -> None:
         f = self.factor(self.step_count)
         for g, base in zip(self.optimizer.param_groups, self.base_lrs):
-            g["lr"] = base * f
+            if isinstance(g["lr"], torch.Tensor):  # a device lr (--cuda-graph): written in place, no sync
+                g["lr"].fill_(base * f)
+            else:
+                g["lr"] = base * f
 
     def step(self) -> None:
         """Advance one optimizer step (call after ``optimizer.step()``)."""
@@ -55,7 +58,7 @@ class CosineSchedule:
         self._apply()
 
     def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
         return {"step_count": self.step_count, "base_lrs": list(self.base_lrs),

@@ -28,6 +28,7 @@ from ..conversion import conversion_report, convert, load_precision_state, preci
 from . import checkpoint as ckpt
 from . import checkpoint_set
 from .callbacks import Callback, CallbackList
+from .compiled import Compiler, check_compile_mode
 from .logs import RunLog
 from .ranks import broadcast_buffers, is_main, sum_over_ranks
 from .lr_thirds import SCHEDULES, make_schedule
@@ -57,11 +58,14 @@ class TrainConfig:
     max_steps: int = 0             # end the run after this many optimizer steps in all (0: run every epoch);
     #                                the epoch that reaches it is cut short, evaluated and saved
     sample_unit: str = "img"       # what a target element is, for the throughput line: img, or tok (lm.py)
+    compile: str = "none"          # torch.compile mode of the model (bfp.engine.compiled): none, default,
+    #                                reduce-overhead, max-autotune; fullgraph, forward and backward
 
     def __post_init__(self):
         if self.epochs < 1:
             raise ValueError(f"`epochs` must be >= 1, got {self.epochs}")
         check_compute_dtype(self.compute_dtype)
+        check_compile_mode(self.compile)
         for name in ("lr", "momentum", "weight_decay"):
             check_hyperparam(name, getattr(self, name))
         for what, v in (("`warmup_epochs`", self.warmup_epochs), ("`save_interval`", self.save_interval)):
@@ -143,6 +147,7 @@ class Trainer:
         self.amp = amp if amp is not None else MixedPrecision(config.compute_dtype, self.device.type)
         self.step = step if step is not None else PlainStep()
         self.criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
+        self.compiled = Compiler(config.compile)
 
     # ---- helpers the callbacks use -------------------------------------------------
     def log(self, msg: str) -> None:
@@ -163,6 +168,7 @@ class Trainer:
         keeping weights, optimizer state and the learning-rate schedule."""
         before = [id(p) for p in self.model.parameters()]
         self.model = convert_model(self.model, config).to(self.device)
+        self.compiled.reset()  # graphs traced from the old precision are stale
         # bfp.convert swaps layers for Q-layers sharing their Parameters, so the
         # optimizer (and its momentum) goes on updating the model's weights.
         if [id(p) for p in self.model.parameters()] != before:
@@ -263,7 +269,7 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()  # evaluate() left it in eval mode
-        model = self.step.prepare(self.model)
+        model = self.compiled(self.step.prepare(self.model))
         loader = self.data.train
         n_seen, n_items, loss_sum = 0, 0, torch.zeros((), device=self.device)
         correct = torch.zeros(2, dtype=torch.long, device=self.device)
@@ -309,7 +315,7 @@ class Trainer:
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             with self.amp.autocast():
-                out = self.model(x).float()
+                out = self.compiled(self.model)(x).float()
             loss_sum += F.cross_entropy(out, y, reduction="sum").double()
             correct += torch.stack(topk_correct(out, y))
             n += len(y)

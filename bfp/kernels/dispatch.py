@@ -28,10 +28,14 @@ class DrawnKeys:
         self.keys = keys
 
 
-def _draw(generator: Optional[torch.Generator]) -> torch.Tensor:
+def _draw(generator: Optional[torch.Generator], on: Optional[torch.device] = None) -> torch.Tensor:
+    """One draw of two 32-bit keys from ``generator`` (on its device); without one, from torch's
+    default generator of ``on``'s device type (the CPU's unless ``on`` is a CUDA device: its
+    generator draws on the device, so no copy and no host step, and inside a captured CUDA graph
+    each replay draws anew)."""
     if isinstance(generator, DrawnKeys):
         return generator.keys
-    device = generator.device if generator is not None else "cpu"
+    device = generator.device if generator is not None else on if on is not None and on.type == "cuda" else "cpu"
     return torch.randint(0, 2 ** 32, (2,), generator=generator, device=device, dtype=torch.int64)
 
 
@@ -41,9 +45,10 @@ def _keys(generator: Optional[torch.Generator]) -> tuple[int, int]:
 
 
 def device_keys(generator: Optional[torch.Generator], device: torch.device) -> torch.Tensor:
-    """The same draw as ``_keys``, as an int64 tensor on ``device``: the Triton kernels read it there,
-    so a CUDA generator's keys never go through the host (no synchronisation)."""
-    k = _draw(generator)
+    """One draw of the keys as an int64 tensor on ``device``: the Triton kernels read it there, so
+    the keys never go through the host (no synchronisation). ``generator`` None on a CUDA device
+    draws from CUDA's default generator (``_draw``); a given generator draws as ``_keys`` does."""
+    k = _draw(generator, torch.device(device))
     return k if k.device == device else k.to(device, non_blocking=True)
 
 
@@ -97,11 +102,12 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     backend = backend_for(x, backend)
     if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # eager: no dispatcher in the way
         return kernel_for(fmt)(x, fmt, generator, backend, stats)
-    keys = _draw(generator) if needs_keys(fmt) else None  # the one draw, taken before the op
+    keys = _draw(generator, x.device) if needs_keys(fmt) else None  # the one draw, taken before the op
     out, counts = quantize_format(x, format_json(fmt), keys, stats, backend)
     return out, (counts if stats else None)
 
 
+@torch.compiler.assume_constant_result  # a constant of the (frozen) format: torch.compile does not trace it
 def needs_keys(fmt: Format) -> bool:
     """Whether quantizing to ``fmt`` draws stochastic-rounding keys (one draw a call)."""
     if isinstance(fmt, Scaled):
@@ -111,10 +117,16 @@ def needs_keys(fmt: Format) -> bool:
     return rule_for(fmt).mode == 2
 
 
-@functools.lru_cache(maxsize=512)
+_JSON: dict = {}
+
+
+@torch.compiler.assume_constant_result  # as needs_keys (json.dumps cannot be traced)
 def format_json(fmt: Format) -> str:
-    """``fmt`` as the format op's string argument (its ``to_dict``, as JSON)."""
-    return json.dumps(fmt.to_dict(), sort_keys=True)
+    """``fmt`` as the format op's string argument (its ``to_dict``, as JSON; cached)."""
+    text = _JSON.get(fmt)
+    if text is None:
+        text = _JSON[fmt] = json.dumps(fmt.to_dict(), sort_keys=True)
+    return text
 
 
 @functools.lru_cache(maxsize=512)
@@ -134,21 +146,33 @@ def quantize_format(x: torch.Tensor, fmt: str, keys: Optional[torch.Tensor], sta
     None), ``backend`` resolved; the counts are int64 ``[2]``, or ``[0]`` without ``stats``."""
     f = parse_format(fmt)
     out, counts = kernel_for(f)(x, f, None if keys is None else DrawnKeys(keys), backend, stats)
-    return out, (counts if stats else x.new_empty(0, dtype=torch.int64))
+    # contiguous, whatever the input's strides (a transposed view) or a kernel's moved axis: what the fake says
+    return out.contiguous(), (counts if stats else x.new_empty(0, dtype=torch.int64))
 
 
 @quantize_format.register_fake
 def _(x, fmt, keys, stats, backend):
-    return torch.empty_like(x), x.new_empty(2 if stats else 0, dtype=torch.int64)
+    return x.new_empty(x.shape), x.new_empty(2 if stats else 0, dtype=torch.int64)
 
 
 def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool,
             backend: Optional[str] = None) -> torch.Tensor:
     """Delayed scaling (``bfp.formats.scaled``): the scale from the largest amax of ``history`` (the
-    point's state, newest first), then, with ``update`` (training), ``x``'s amax enters it."""
+    point's state, newest first), then, with ``update`` (training), ``x``'s amax enters it. While
+    torch.compile traces (or for a tensor subclass) it is one op, ``torch.ops.bfp.quantize_delayed``,
+    which mutates ``history``."""
+    backend = backend_for(x, backend)
+    if type(x) is not torch.Tensor or torch.compiler.is_compiling():
+        keys = _draw(generator, x.device) if needs_keys(fmt) else None
+        return quantize_delayed(x, format_json(fmt), history, keys, update, backend)
+    return _delayed(x, fmt, history, generator, update, backend)
+
+
+def _delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool,
+             backend: str) -> torch.Tensor:
     with torch.no_grad():
         x32 = x.detach().float().contiguous()
-        fused = kernel("scaled_tensorwise", backend_for(x32, backend))
+        fused = kernel("scaled_tensorwise", backend)
         if fused is not None:  # the Triton kernel: the history's amax stays on the device
             out = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32),
                         given_amax=history.max())
@@ -159,6 +183,20 @@ def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, upda
         if update:  # evaluation reads the history, never moves it
             history.copy_(torch.cat([scaled.amax(x32).reshape(1).to(history), history[:-1]]))
     return out.to(x.dtype)
+
+
+@torch.library.custom_op("bfp::quantize_delayed", mutates_args=("history",))
+def quantize_delayed(x: torch.Tensor, fmt: str, history: torch.Tensor, keys: Optional[torch.Tensor], update: bool,
+                     backend: str) -> torch.Tensor:
+    """``delayed`` as an op: ``fmt`` as ``format_json``, ``keys`` the stochastic draw (or None);
+    ``history`` moves in place with ``update``."""
+    return _delayed(x, parse_format(fmt), history, None if keys is None else DrawnKeys(keys), update,
+                    backend).contiguous()
+
+
+@quantize_delayed.register_fake
+def _(x, fmt, history, keys, update, backend):
+    return x.new_empty(x.shape)
 
 
 def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):

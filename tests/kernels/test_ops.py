@@ -1,7 +1,7 @@
 """The quantize entry points are operators PyTorch understands: ``torch.library.opcheck`` passes on
 ``bfp::quantize_format`` (schema, fake implementation, autograd registration, AOT dispatch) for every
 family and backend, element-wise and tiled, each rounding, with and without counts, and on
-``bfp::hadamard_quantize`` and ``bfp::fused_bmm``; fake tensors trace through them."""
+``bfp::hadamard_quantize``, ``bfp::fused_bmm`` and ``bfp::quantize_delayed``; fake tensors trace through them."""
 import dataclasses
 
 import pytest
@@ -96,3 +96,19 @@ def test_opcheck_passes_on_the_hadamard_and_tensor_core_ops():
         acc = json.dumps(FUSED_PRESETS[name].to_dict(), sort_keys=True)
         for backend in ("kernel", "reference"):
             torch.library.opcheck(torch.ops.bfp.fused_bmm.default, (fp8(2, 3, 40), fp8(2, 40, 5), acc, backend))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_opcheck_passes_on_the_delayed_scaling_op_and_it_moves_the_history_as_eager(backend):
+    """``bfp::quantize_delayed`` mutates the point's amax history (declared: ``mutates_args``)."""
+    from bfp.kernels.dispatch import delayed
+    fmt = format_from_name("fp8_e4m3_delayed")
+    x = torch.randn(6, 32) * 7
+    for update in (False, True):
+        torch.library.opcheck(torch.ops.bfp.quantize_delayed.default,
+                              (x, format_json(fmt), torch.tensor([0.0, 5.0, 3.0, 0.0]), None, update, backend))
+    h_op, h_eager = torch.tensor([0.0, 5.0, 3.0, 0.0]), torch.tensor([0.0, 5.0, 3.0, 0.0])
+    op = torch.ops.bfp.quantize_delayed(x, format_json(fmt), h_op, None, True, backend)
+    eager = delayed(x, fmt, h_eager, None, True, backend=backend)
+    assert torch.equal(op.view(torch.int32), eager.view(torch.int32)) and torch.equal(h_op, h_eager)
+    assert h_op[0] == x.abs().max()

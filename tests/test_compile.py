@@ -1,0 +1,148 @@
+"""torch.compile of converted models (bfp.engine.compiled): every preset's forward and backward
+compile with ``fullgraph=True`` under Inductor on the CPU, their graphs read nothing back to the
+host, ``--compile`` trains the digits job to within half a point of eager, and is recorded and
+honoured on resume."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bfp
+from bfp.cli.run import train
+from bfp.cli.spec import build_spec
+from bfp.cli.tasks import CIFAR
+from bfp.engine.compiled import Compiler, deterministic, host_reads
+from bfp.kernels import needs_keys
+
+PRESETS = sorted(p.stem for p in (Path(bfp.__file__).parent / "conf_net").glob("any_*.json"))
+
+
+class Net(nn.Module):
+    """A conv, an attention block (its qkv, qk, pv and proj products) and a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        t = torch.relu(self.conv(x)).flatten(2).transpose(1, 2)  # (N, 16 tokens, 16)
+        a, _ = self.attn(t, t, t, need_weights=False)
+        return self.fc((t + a).mean(1))
+
+
+def _converted(preset):
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 4, 4)
+    return bfp.convert(Net(), preset, x), x
+
+
+def _graphs(model, x):
+    """The forward and backward FX graphs AOTAutograd hands the compiler (fullgraph), and the output."""
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm.graph)
+        return gm.forward
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True)
+    out = compiled(x)
+    out.sum().backward()
+    return graphs, out
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_compiles_fullgraph_with_inductor_and_reads_nothing_on_the_host(preset):
+    torch._dynamo.reset()
+    model, x = _converted(preset)
+    eager = copy.deepcopy(model)
+    graphs, _ = _graphs(copy.deepcopy(model), x)
+    assert len(graphs) == 2  # one forward and one backward: no graph break anywhere
+    ops = " ".join(f"{n.target} {n.args}" for g in graphs for n in g.nodes)  # a mutating op: auto_functionalized(op)
+    if preset != "any_fp16_grads":  # forward points: the format op is in the graph, not traced through
+        assert any(f"bfp.{op}" in ops for op in ("quantize_format", "hadamard_quantize", "fused_bmm",
+                                             "quantize_delayed")), ops[:300]
+    assert [r for g in graphs for r in host_reads(g)] == []
+    compiled = torch.compile(model, fullgraph=True)  # Inductor, C++ on the CPU
+    got = compiled(x)
+    got.sum().backward()
+    want = eager(x)
+    want.sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    # stochastic rounding: the compiled backward draws in its own order, so only nearest presets compare
+    stochastic = any(needs_keys(f) for m in model.modules() if hasattr(m, "precision")
+                     for f in m.precision.formats().values() if f is not None)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if not stochastic:
+            torch.testing.assert_close(p.grad, q.grad, rtol=0.1, atol=1e-2, msg=name)
+
+
+def test_host_reads_finds_item_and_tolist():
+    def f(x):
+        return x * x.sum().item()
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm.graph)
+        return gm.forward
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        torch.compile(f, backend=keep, fullgraph=True)(torch.ones(3))
+    assert any("item" in r for g in graphs for r in host_reads(g))
+
+
+def test_stochastic_rounding_in_a_compiled_graph_draws_anew_each_call():
+    fmt = bfp.Float(4, 3, "stochastic", encoding="fn")
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: bfp.quantize(x * 1.0, fmt), fullgraph=True)
+    x = torch.linspace(0.1, 1.3, 256)
+    a, b = f(x), f(x)
+    assert not torch.equal(a, b)
+    assert torch.equal(bfp.quantize(a, fmt), a)  # every value a member of the format
+
+
+def test_the_compiler_wraps_once_per_module_and_resets():
+    m = nn.Linear(2, 2)
+    c = Compiler("default")
+    assert c(m) is c(m) and c(m) is not m
+    c.reset()
+    assert Compiler("none")(m) is m
+    with pytest.raises(ValueError, match="allowed: none, default, reduce-overhead, max-autotune"):
+        Compiler("fast")
+
+
+def test_deterministic_is_restored_after_the_block():
+    before = torch.are_deterministic_algorithms_enabled()
+    with deterministic():
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
+def _digits(tmp_path, *extra):
+    argv = ["-d", "digits", "-m", "ResNet10", "--model-opt", "width=8", "--training-epochs", "4",
+            "--batch-size-train", "64", "--optim-lr", "0.05", "--bfp", "any_FB16", "--progress", "False",
+            "--threads", "1", "--num-workers", "0", "--device", "cpu", "--run-dir", str(tmp_path), *extra]
+    return train(build_spec(CIFAR, argv))
+
+
+def test_compile_trains_the_digits_job_within_half_a_point_of_eager_and_is_recorded(tmp_path):
+    torch._dynamo.reset()
+    eager = _digits(tmp_path / "eager")
+    compiled = _digits(tmp_path / "compiled", "--compile", "default", "--save", "True", "--run-name", "c")
+    assert eager["last"]["test_acc1"] > 90
+    assert abs(compiled["last"]["test_acc1"] - eager["last"]["test_acc1"]) <= 0.5
+    state = torch.load(tmp_path / "compiled" / "c" / "checkpoints" / "last.pt", weights_only=False)
+    assert state["extra"]["args"]["compile"] == "default" and state["config"]["compile"] == "default"
+
+
+def test_resume_keeps_the_compile_mode_and_refuses_another(tmp_path, tiny_args):
+    from bfp.cli import cifar as main
+    assert main(tiny_args("--training-epochs", "1", "--save", "True", "--run-name", "r", "--compile", "default")) == 0
+    run = str(tmp_path / "runs" / "r")
+    assert main(tiny_args("--resume", run, "--compile", "none")) == 2  # what the run computes: kept
+    spec = build_spec(CIFAR, ["--resume", run, "--device", "cpu", "--progress", "False"])
+    assert spec.args.compile == "default"
