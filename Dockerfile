@@ -1,9 +1,11 @@
-# bfpsim with CUDA PyTorch (the README's Docker section):
+# bfpsim with CUDA PyTorch (the README's "On a GPU" and Docker sections):
 #   docker build . -t $(whoami)/bfpsim:latest
-# The GPU kernels are Triton's, which the image's PyTorch brings (with its own ptxas).
+#   docker run --rm --gpus all -v "$(pwd)/runs":/app/runs $(whoami)/bfpsim:latest python3 cifar.py --bfp ResNet18_FB24
+# The GPU kernels are Triton's, which the image's PyTorch brings (with its own ptxas); the devel
+# image has the C compiler Triton's launchers and torch.compile's Inductor build with.
 # BASE: any image with python3 and pip on PATH (docker/smoke.sh builds one from Debian packages
 # where the default cannot be pulled).
-ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel
+ARG BASE=pytorch/pytorch:2.9.0-cuda12.8-cudnn9-devel
 FROM ${BASE}
 
 ENV PYTHONUNBUFFERED=1 \

@@ -1,7 +1,7 @@
 """The one-command GPU check: conformance on the device, quantize against a device copy, the host
 time per call, and the training-step overhead, in one JSON.
 
-    python benchmarks/gpu_check.py --json gpu_check.json          # on a GPU (under 4 minutes on an H200)
+    python benchmarks/gpu_check.py --json gpu_check.json          # on a GPU (at most about 8 minutes)
     TRITON_INTERPRET=1 python benchmarks/gpu_check.py --small     # without one: the same steps, tiny
 
 1. conformance: ``tests/kernels`` (every preset and rounding, bit-exact against the reference,
@@ -13,8 +13,9 @@ time per call, and the training-step overhead, in one JSON.
    the first four, >= 0.7 for nvfp4) and the copy's own TB/s (bytes read + written);
 3. host time: one ``bfp.quantize`` call on a 64x64x3x3 tensor, the median of many, without
    synchronising (the issue's target: <= 20 us), with ``x.clone()`` beside it;
-4. training step: ``benchmarks/overhead.py --device cuda`` at batch 128 (eager; a CUDA-graph
-   column needs ``--cuda-graph``, the next issue's).
+4. training step: ``benchmarks/overhead.py --device cuda`` at batch 128 and 512, eager and as one
+   replayed CUDA graph (``--cuda-graph``), with a bf16-autocast row, and ``torch.compile`` of the
+   FB16 step at batch 128 (``OVERHEAD_RUNS``).
 ``--small`` shrinks every size and skips the conformance's pytest run (CI runs it already) so the
 script itself is checked under the interpreter on a CPU.
 """
@@ -97,15 +98,34 @@ def conformance(small: bool) -> dict:
     return {"returncode": r.returncode, "summary": tail, "seconds": round(time.monotonic() - t, 1)}
 
 
+OVERHEAD_RUNS = (  # (batch, modes, configs, timeout s): the eager and graphed step at two batch sizes, then
+    # torch.compile on FB16 alone (Inductor's first compile of a ResNet18 takes about a minute a variant)
+    (128, "eager,graph", ("ResNet18_FB16", "any_fp8_e4m3", "any_mxfp8", "any_nvfp4"), 90),
+    (512, "eager,graph", ("ResNet18_FB16", "any_fp8_e4m3", "any_mxfp8", "any_nvfp4"), 120),
+    (128, "compile", ("ResNet18_FB16",), 150),
+)
+
+
 def overhead(device: str, small: bool) -> dict:
     if small:
         return {"skipped": "--small"}
     out = ROOT / "runs" / "gpu_check_overhead.json"
     out.parent.mkdir(exist_ok=True)
-    r = subprocess.run([sys.executable, "benchmarks/overhead.py", "--device", device, "--batch", "128", "--steps", "10",
-                        "--configs", "ResNet18_FB16", "any_fp8_e4m3", "any_mxfp8", "any_nvfp4", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=200)
-    return json.loads(out.read_text()) if r.returncode == 0 and out.is_file() else {"error": r.stderr[-1500:]}
+    doc: dict = {"results": [], "errors": []}
+    for batch, modes, configs, timeout in OVERHEAD_RUNS:
+        out.unlink(missing_ok=True)
+        try:
+            r = subprocess.run([sys.executable, "benchmarks/overhead.py", "--device", device, "--batch", str(batch),
+                                "--steps", "10", "--modes", modes, "--bf16", "--configs", *configs, "--json", str(out)],
+                               cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            doc["errors"].append(f"batch {batch} {modes}: over {timeout} s")
+            continue
+        if r.returncode == 0 and out.is_file():
+            doc["results"] += [{**row, "batch": batch} for row in json.loads(out.read_text())["results"]]
+        else:
+            doc["errors"].append(f"batch {batch} {modes}: {r.stderr[-800:]}")
+    return doc
 
 
 def main(argv=None) -> int:
@@ -129,7 +149,7 @@ def main(argv=None) -> int:
               f"{r['of_copy']:8.2f} {r['target']:6.2f}")
     print("host us per call: " + ", ".join(f"{k} {v:.1f}" for k, v in doc["host_us"].items()))
     for r in doc["overhead"].get("results", []):
-        print(f"step {r['variant']}: {r['step_ms']:.1f} ms, {r['ratio_to_fp32']:.2f}x FP32")
+        print(f"step batch {r['batch']} {r['variant']}: {r['step_ms']:.1f} ms, {r['ratio_to_fp32']:.2f}x FP32")
     emit_json(doc, args.json)
     print(f"wrote {args.json} in {doc['seconds']} s")
     return 0 if doc["conformance"].get("returncode", 0) == 0 else 1

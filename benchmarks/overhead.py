@@ -4,6 +4,12 @@
     python benchmarks/overhead.py --device cuda --batch 128        # on a GPU
     python benchmarks/overhead.py --configs ResNet18_FB16 any_fp8_e4m3 --steps 20 --json out.json
     python benchmarks/overhead.py --configs ResNet18_FB12 --diagnose 10   # the cost of --diagnose 10
+    python benchmarks/overhead.py --device cuda --batch 128 --modes eager,compile,graph --bf16
+
+``--modes``: ``eager`` (the plain step), ``compile`` (the model under ``torch.compile``, fullgraph, as
+``--compile default``), ``graph`` (the whole step captured as one CUDA graph and replayed, as
+``--cuda-graph``; GPU only). Each mode's ratio is to FP32 in the same mode. ``--bf16`` adds FP32
+weights under bf16 autocast, the mixed-precision reference point.
 
 One training step (forward, backward, SGD update) of a CIFAR-size model on
 random 32x32 inputs, FP32 and each network config in turn, timed in rounds that
@@ -42,6 +48,28 @@ def diagnosed(model, step):
     return run
 
 
+MODES = ("eager", "compile", "graph")
+
+
+def make_step(model, x, y, mode: str, bf16: bool):
+    """One timed training step of ``model`` in ``mode`` (``graph``: warmed up and captured here, untimed)."""
+    from bfp.amp import MixedPrecision
+    if mode == "eager" and not bf16:
+        return sgd_step(model, x, y)
+    amp = MixedPrecision("bf16" if bf16 else "fp32", x.device.type)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    crit = torch.nn.CrossEntropyLoss()
+    if mode == "graph":
+        from bfp.engine.graphed import GraphedStep
+        step = GraphedStep()
+        run = lambda: step(model, x, y, criterion=crit, optimizer=opt, amp=amp)  # noqa: E731
+        for _ in range(step.warmup + 1):  # eager warm-up steps and the capture
+            run()
+        return run
+    net = torch.compile(model, fullgraph=True) if mode == "compile" else model
+    return lambda: amp.train_step(net, x, y, criterion=crit, optimizer=opt)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="ResNet18")
@@ -54,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--diagnose", type=int, default=0, metavar="N",
                     help="also time each config with bfp.diagnostics measuring the step (--diagnose N): the "
                          "measured step itself, and its cost spread over N steps")
+    ap.add_argument("--modes", default="eager", help=f"comma-separated: {', '.join(MODES)} (module docstring)")
+    ap.add_argument("--bf16", action="store_true", help="add FP32 weights under bf16 autocast")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -69,17 +99,27 @@ def main(argv=None) -> int:
     x = torch.randn(args.batch, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (args.batch,), device=dev)
 
-    fns = {name: sgd_step(m, x, y) for name, m in variants.items()}
-    if args.diagnose:
-        for cfg in args.configs:
-            fns[f"{cfg} measured"] = diagnosed(variants[cfg], sgd_step(variants[cfg], x, y))
+    if args.bf16:
+        variants["bf16 autocast"] = copy.deepcopy(base)
+    modes = args.modes.split(",")
+    bad = [m for m in modes if m not in MODES] + (["graph"] if "graph" in modes and dev.type != "cuda" else [])
+    if bad:
+        raise SystemExit(f"--modes {args.modes}: {', '.join(bad)} not possible here; allowed: {', '.join(MODES)} "
+                         f"(graph needs --device cuda)")
+    fns = {}
+    for mode in modes:
+        for name, m in variants.items():
+            key = name if mode == "eager" else f"{name} [{mode}]"
+            fns[key] = make_step(copy.deepcopy(m) if len(modes) > 1 else m, x, y, mode, name == "bf16 autocast")
     # Two warm-up rounds: kernel compilation, the allocator.
     t = alternate(fns, args.steps, warmup=2, sync=sync)
-    rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median("fp32"),
+    def fp32_of(k: str) -> str:
+        return "fp32" + k[k.index(" ["):] if k.endswith("]") and " [" in k else "fp32"
+    rows = [{"variant": k, "step_ms": 1e3 * t.median(k), "ratio_to_fp32": t.median(k) / t.median(fp32_of(k)),
              # steadier on a shared machine: each round's own ratio, and process CPU time (time
              # another process takes from this one's threads is not counted)
-             "paired_ratio": statistics.median(t.pair_ratios(k, "fp32")),
-             "cpu_ratio": statistics.median(t.cpu[k]) / statistics.median(t.cpu["fp32"])}
+             "paired_ratio": statistics.median(t.pair_ratios(k, fp32_of(k))),
+             "cpu_ratio": statistics.median(t.cpu[k]) / statistics.median(t.cpu[fp32_of(k)])}
             for k in fns]
     for cfg in args.configs if args.diagnose else ():
         per_step = t.median(f"{cfg} measured") / t.median(cfg)
