@@ -146,3 +146,18 @@ def test_resume_keeps_the_compile_mode_and_refuses_another(tmp_path, tiny_args):
     assert main(tiny_args("--resume", run, "--compile", "none")) == 2  # what the run computes: kept
     spec = build_spec(CIFAR, ["--resume", run, "--device", "cpu", "--progress", "False"])
     assert spec.args.compile == "default"
+
+
+def test_do_measures_eagerly_under_compile_and_lm_py_compiles(tmp_path, tiny_args, capsys):
+    """A step ``--do`` measures (quantize hooks: Python at every point) runs eagerly, the others
+    compiled; lm.py's GPT compiles fullgraph too."""
+    from bfp.cli import cifar as main, run_task
+    torch._dynamo.reset()
+    assert main(tiny_args("--bfp", "any_FB16", "--do", "Simple/0.6/0.8/0/1", "--do-every", "1", "--compile",
+                          "default", "--training-epochs", "1")) == 0
+    assert "dynamic precision decision 0" in capsys.readouterr().out
+    assert run_task("lm", ["--model-opt", "dim=32", "--model-opt", "depth=1", "--model-opt", "heads=2",
+                           "--block-size", "16", "--batch-size-train", "16", "--batch-size-test", "32",
+                           "--threads", "1", "--progress", "False", "--sample-chars", "8", "--bfp", "any_fp8_e4m3",
+                           "--training-epochs", "1", "--limit-train-images", "32", "--limit-test-images", "16",
+                           "--compile", "default", "--device", "cpu", "--run-dir", str(tmp_path / "lm")]) == 0

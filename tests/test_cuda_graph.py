@@ -86,6 +86,7 @@ def _train(model, step, batches):
     return torch.stack(losses)
 
 
+ROWWISE = {"version": 1, "default": {"operands": "fp8_e4m3_rowwise"}}
 PRESETS = ["any_FB16", "any_fp8_e4m3", "any_fp8_tensorwise", "any_fp8_delayed", "any_mxfp8", "any_nvfp4",
            "any_nvfp4_te", "any_fp16_grads"]
 
@@ -114,8 +115,10 @@ def test_a_replayed_step_is_bit_for_bit_the_eager_step(preset):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("preset", PRESETS + ["any_nvfp4_recipe", "any_mxfp4", "any_p3109_p3"])
+@pytest.mark.parametrize("preset", PRESETS + ["any_nvfp4_recipe", "any_nvfp4_te_recipe", "any_mxfp4", "any_p3109_p3",
+                                    "any_fp8_hybrid", "any_FB12LG16", "any_fp8_h100", ROWWISE])
 def test_training_steps_do_not_synchronise_with_the_host(preset):
+    """Every preset family, tensor-core accumulators (any_fp8_h100) included."""
     model = _model(preset)
     batches = [(torch.randn(16, 3, 8, 8).cuda(), torch.randint(0, 10, (16,)).cuda()) for _ in range(3)]
     _train(model, PlainStep(), batches[:1])  # first use: kernels compile, lazy state is made

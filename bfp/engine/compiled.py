@@ -20,8 +20,9 @@ through Inductor's random-number path, so the draws themselves differ. Dynamo ca
 ``torch.Generator`` given to a layer (``layer.generator``): such a model does not compile with
 ``fullgraph``.
 
-A precision change (``--do``, a ``-tc`` schedule, a resume's restored precision) changes the
-modules the graph was traced from: ``Compiler.reset`` drops every compiled graph so the next step
+A step on which ``--do`` or ``--diagnose`` measures (a quantize hook on a layer: Python at every
+point) runs eagerly. A precision change (``--do``, a ``-tc`` schedule, a resume's restored
+precision) changes the modules the graph was traced from: ``Compiler.reset`` drops every compiled graph so the next step
 traces the new precision (torch's guards would catch it too, after up to eight recompilations).
 
 **Determinism.** ``deterministic()`` (a context) sets ``torch.use_deterministic_algorithms(True)``, cuDNN's
@@ -53,17 +54,22 @@ class Compiler:
 
     def __init__(self, mode: str = "none"):
         self.mode = check_compile_mode(mode)
-        self._wrapped: dict[int, tuple[nn.Module, nn.Module]] = {}
+        self._wrapped: dict[int, tuple[nn.Module, nn.Module, list]] = {}
 
     def __call__(self, module: nn.Module) -> nn.Module:
-        """``module`` compiled (``torch.compile``, ``fullgraph=True``), or ``module`` itself for ``none``."""
+        """``module`` compiled (``torch.compile``, ``fullgraph=True``), or ``module`` itself for
+        ``none`` and while a layer has a quantize hook (a step ``--do`` or ``--diagnose`` measures
+        calls Python at every point: that step runs eagerly)."""
         if self.mode == "none":
             return module
         hit = self._wrapped.get(id(module))
         if hit is None or hit[0] is not module:
+            layers = [m for m in module.modules() if hasattr(m, "quantize_hook")]
             hit = (module, torch.compile(module, mode=None if self.mode == "default" else self.mode,
-                                         fullgraph=True))
+                                         fullgraph=True), layers)
             self._wrapped[id(module)] = hit
+        if any(m.quantize_hook is not None for m in hit[2]):
+            return module
         return hit[1]
 
     def reset(self) -> None:
