@@ -157,6 +157,32 @@ def count_scaled(warps: int = 4) -> list[dict]:
     return rows
 
 
+def count_hadamard(block: int = 16, warps: int = 4) -> list[dict]:
+    """Rows for the Hadamard kernels (``triton_cuda/hadamard.py``): the transform alone, and the amax
+    and quantize passes of its fusion into NVFP4 (each transforms its block of ``block`` rows)."""
+    from bfp.formats import Rounding
+    from bfp.kernels.nvfp4_codes import E2M1, E4M3
+    from bfp.kernels.triton_cuda import hadamard as Hd, nvfp4 as N
+    e2 = rule_for(E2M1[Rounding.NEAREST])
+    base = dict(B=block, LOG2B=block.bit_length() - 1, WC=Hd.W, IDX64=False)
+    ptrs = {"x_ptr": "*fp32", "f_ptr": "*fp32"}
+    dims = {"Rin": "i32", "C": "i32", "nb": "i32", "ncol": "i32"}
+    cases = [("hadamard", "_rows", Hd._rows, {**ptrs, "o_ptr": "*fp32", **dims}, base),
+             ("hadamard+nvfp4 amax", "_amax", Hd._amax, {**ptrs, "part_ptr": "*i32", **dims}, base),
+             ("hadamard+nvfp4", "_quantize", Hd._quantize,
+              {**ptrs, "o_ptr": "*fp32", "keys_ptr": "*i64", "amax_ptr": "*i32", **dims},
+              {**base, "TENSOR_SCALE": True, "E4": N._consts(rule_for(E4M3)), "E2": N._consts(e2), "MODE": e2.mode})]
+    rows = []
+    for fmt_name, kernel, fn, sig, consts in cases:
+        k = triton.compile(ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "enable_fp_fusion": False})
+        ins, regs, spill = _sass(k)
+        rows.append({"format": fmt_name, "kernel": f"{kernel} {block}x{Hd.W} a program", "stats": False, "warps": warps,
+                     "sass": ins, "registers": regs, "spill_bytes": spill,
+                     "per_element": round(ins * 32 * warps / (block * Hd.W), 1)})
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the rows here too")
@@ -164,7 +190,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)] + count_nvfp4() \
         + count_nvfp4(stochastic=True)[1:] + count_nvfp4((16, 16))[1:] + count_nvfp4(te=True) \
-        + count_nvfp4((16, 16), te=True)[1:] + count_scaled()
+        + count_nvfp4((16, 16), te=True)[1:] + count_scaled() + count_hadamard()
     print(f"triton {triton.__version__}, sm_90, tensor {'x'.join(map(str, SHAPE))}; budget ~{BUDGET} "
           f"thread-instructions per element at H200 copy bandwidth")
     print(f"{'format':16} {'per elem':>8} {'regs':>5} {'spill':>5} {'warps':>5}  kernel")

@@ -19,7 +19,7 @@ import torch
 
 from .formats import Format
 from .kernels import DrawnKeys, draw_keys, format_json, needs_keys, parse_format, quantize
-from .kernels.runtime import cpu_kernel
+from .kernels.runtime import kernel_for
 from .precision import Hadamard
 
 
@@ -39,8 +39,14 @@ def matrix(rht: Hadamard, dtype=torch.float64, device="cpu") -> torch.Tensor:
 
 
 def factor(rht: Hadamard, dtype=torch.float32, device="cpu") -> torch.Tensor:
-    """Row ``i``'s factor ``s_i / sqrt(block)``: ``H``'s first column, ``W_b``'s being all ones."""
-    return _matrix(rht.block, rht.seed)[:, 0].to(dtype=dtype, device=device)
+    """Row ``i``'s factor ``s_i / sqrt(block)``: ``H``'s first column, ``W_b``'s being all ones
+    (cached per device: a training step copies nothing from the host, and a CUDA graph can hold it)."""
+    return _factor(rht.block, rht.seed, dtype, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=64)
+def _factor(block: int, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    return _matrix(block, seed)[:, 0].to(dtype=dtype, device=device)
 
 
 def butterflies(blocks: torch.Tensor) -> torch.Tensor:
@@ -59,14 +65,16 @@ def butterflies(blocks: torch.Tensor) -> torch.Tensor:
     return blocks
 
 
-def transform_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
+def transform_rows(t: torch.Tensor, rht: Hadamard, backend: Optional[str] = None) -> torch.Tensor:
     """``H`` applied to the rows (dim -2) of ``t`` in blocks of ``rht.block``, zero-padding the
     last block; the result has ``ceil(rows / block) * block`` rows. The arithmetic: the
     butterflies of ``butterflies`` in ``t``'s dtype, then row ``i`` times ``s_i / sqrt(block)``
-    rounded to that dtype once (exact for block 4, 16, 64, 256: a power of two). A contiguous
-    CPU float32 ``t`` runs the Numba kernel (``bfp.kernels.numba_cpu.hadamard_cpu``), the same bits."""
-    if t.dtype == torch.float32 and t.dim() >= 2 and t.device.type == "cpu":
-        return cpu_kernel("hadamard_rows", t)(t.contiguous(), factor(rht))  # Numba loads on first use
+    rounded to that dtype once (exact for block 4, 16, 64, 256: a power of two). A float32 ``t``
+    runs its backend's kernel (``backend``: default its device's; Numba on the CPU,
+    ``numba_cpu/hadamard_cpu``; Triton on CUDA, ``triton_cuda/hadamard``), the same bits."""
+    fast = kernel_for("hadamard_rows", t, backend) if t.dtype == torch.float32 and t.dim() >= 2 else None
+    if fast is not None:  # Numba or Triton, loaded on first use
+        return fast(t.contiguous(), factor(rht, device=t.device))
     return reference_rows(t, rht)
 
 
@@ -82,30 +90,32 @@ def reference_rows(t: torch.Tensor, rht: Hadamard) -> torch.Tensor:
 
 
 def fusable(t: torch.Tensor, rht: Hadamard, fmt: Optional[Format]) -> bool:
-    """Whether ``transform_quantize`` runs the fused kernel: NVFP4 with 1-D blocks of the
-    transform's size along the rows (dim -2) of a CPU float32 tensor."""
+    """Whether ``transform_quantize`` runs a fused kernel: NVFP4 with 1-D blocks of the
+    transform's size along the rows (dim -2) of a float32 tensor (CPU: Numba, CUDA: Triton)."""
     return (fmt is not None and fmt.rht_fused_block() == rht.block
-            and t.dim() >= 2 and fmt.scale_axis() in (-2, t.dim() - 2) and t.device.type == "cpu"
+            and t.dim() >= 2 and fmt.scale_axis() in (-2, t.dim() - 2) and t.device.type in ("cpu", "cuda")
             and t.dtype == torch.float32)
 
 
 def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
-                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
+                       generator: Optional[torch.Generator] = None, backend: Optional[str] = None) -> torch.Tensor:
     """``quantize(transform_rows(t, rht), fmt, generator=generator)``, the same bits and the same
-    draws from ``generator``; where ``fusable``, one Numba kernel that never writes the
-    transformed tensor (``bfp.kernels.numba_cpu.nvfp4_rht``). While torch.compile traces (or for a
+    draws from ``generator``; where ``fusable``, one kernel that never writes the transformed
+    tensor (Numba on the CPU, ``numba_cpu/nvfp4_rht``; Triton on CUDA, ``triton_cuda/hadamard``;
+    ``backend`` as ``bfp.quantize``'s). While torch.compile traces (or for a
     tensor subclass) it is one op, ``torch.ops.bfp.hadamard_quantize``."""
     if type(t) is not torch.Tensor or torch.compiler.is_compiling():
         keys = draw_keys(generator, t.device) if needs_keys(fmt) else None
         return hadamard_quantize(t, rht.block, rht.seed, format_json(fmt), keys)
-    return _transform_quantize(t, rht, fmt, generator)
+    return _transform_quantize(t, rht, fmt, generator, backend)
 
 
-def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator) -> torch.Tensor:
-    if not fusable(t, rht, fmt):
-        return quantize(transform_rows(t, rht), fmt, generator=generator)
-    fused = cpu_kernel("hadamard_nvfp4", t)  # Numba loads on first use (fusable: a CPU tensor)
-    return fused(t, factor(rht), fmt, generator, lambda: transform_rows(t, rht))
+def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator, backend: Optional[str] = None
+                        ) -> torch.Tensor:
+    fused = kernel_for("hadamard_nvfp4", t, backend) if fusable(t, rht, fmt) else None
+    if fused is None:
+        return quantize(transform_rows(t, rht, backend), fmt, generator=generator, backend=backend)
+    return fused(t, factor(rht, device=t.device), fmt, generator, lambda: transform_rows(t, rht, backend))
 
 
 @torch.library.custom_op("bfp::hadamard_quantize", mutates_args=())

@@ -47,7 +47,9 @@ KERNELS: dict[tuple[str, str], str] = {
     ("amax", "triton"): "triton_cuda.scaled:amax",
     ("inplace", "cpu"): "numba_cpu.inplace_cpu",               # rounded running sums (accumulators)
     ("hadamard_rows", "cpu"): "numba_cpu.hadamard_cpu:transform_rows",
+    ("hadamard_rows", "triton"): "triton_cuda.hadamard:transform_rows",
     ("hadamard_nvfp4", "cpu"): "numba_cpu.nvfp4_rht:transform_quantize",  # the transform fused into NVFP4
+    ("hadamard_nvfp4", "triton"): "triton_cuda.hadamard:transform_quantize",
     ("fused_accumulator", "cpu"): "numba_cpu.fused",           # tensor-core chains
     ("threads", "cpu"): "numba_cpu.cpu:threads_for",
     ("pages", "cpu"): "numba_cpu.pages:advise",                 # huge pages for large fresh CPU outputs
@@ -100,3 +102,13 @@ def backend_for(x: torch.Tensor, backend: Optional[str]) -> str:
 def cpu_kernel(entry: str, x: torch.Tensor) -> Optional[Callable]:
     """``entry``'s Numba kernel when ``x`` is a CPU tensor, else None (the caller's reference runs)."""
     return kernel(entry, "cpu") if x.device.type == "cpu" else None
+
+
+def kernel_for(entry: str, x: torch.Tensor, backend: Optional[str] = None) -> Optional[Callable]:
+    """``entry``'s kernel on ``backend`` (default: ``x``'s device's) where it can run ``x`` (Numba:
+    CPU tensors; Triton: CUDA tensors, or CPU tensors under its interpreter), else None (the
+    caller's reference runs: the fallback policy)."""
+    backend = backend_for(x, backend)
+    if backend == "reference" or (backend == "cpu" and x.device.type != "cpu"):
+        return None
+    return kernel(entry, backend)

@@ -168,3 +168,31 @@ def test_triton_runs_these_without_the_reference(monkeypatch):
                 NVFP4(axis=0, rounding="stochastic"), format_from_name("fp8_e4m3_tensorwise"),
                 dataclasses.replace(format_from_name("fp8_e4m3_rowwise"), axis=1)):
         quantize_stats(x, fmt, generator=torch.Generator().manual_seed(1), backend="triton")
+
+
+@pytest.mark.parametrize("block", [4, 16])
+def test_the_hadamard_transform_alone_and_fused_into_nvfp4_on_triton_equals_the_reference(block, monkeypatch):
+    """``transform_rows`` and ``transform_quantize`` (NVFP4 along the rows, nearest and stochastic) on
+    the Triton backend: bit for bit the PyTorch steps, on rows that do and do not fill whole blocks,
+    with Inf, NaN, zero and subnormal values, and never through the reference."""
+    from bfp import hadamard as H
+    from bfp.precision import Hadamard
+    rht = Hadamard(block, 3)
+    edge = _edge_rows(16).t().contiguous()  # each column one kind of row: zeros, Inf, NaN, subnormal ...
+    cases = [INPUTS[3], INPUTS[5] * 3, edge, torch.randn(2, 40, 33) * 100, torch.zeros(20, 3)]
+    fails = []
+    for x in cases:
+        want = H.reference_rows(x, rht)
+        got = H.transform_rows(x.to(DEVICE["triton"]), rht, backend="triton").cpu()
+        if not torch.equal(want.view(torch.int32), got.view(torch.int32)):
+            fails.append(f"rows {tuple(x.shape)}")
+        for rounding in ("nearest", "stochastic"):
+            fmt = NVFP4(block=block, axis=-2, rounding=rounding)
+            ref = quantize_stats(want, fmt, generator=torch.Generator().manual_seed(4), backend="reference")[0]
+            with monkeypatch.context() as m:
+                m.setattr(H, "reference_rows", lambda *a: (_ for _ in ()).throw(AssertionError("reference ran")))
+                out = H.transform_quantize(x.to(DEVICE["triton"]), rht, fmt, torch.Generator().manual_seed(4),
+                                           backend="triton").cpu()
+            if not torch.equal(ref.view(torch.int32), out.view(torch.int32)):
+                fails.append(f"nvfp4 {rounding} {tuple(x.shape)}")
+    assert not fails, fails
