@@ -6,9 +6,9 @@ the adder: products are exact; a group of ``terms`` products and the running acc
 aligned to the largest exponent among them; each term is cut to a fixed number of bits below it;
 the terms are summed exactly and the result is cut to a fixed width. ``FusedAccumulator`` holds
 those parameters; ``fused_matmul(a, b, acc)`` computes ``a @ b`` with them (a Numba kernel on CPU
-tensors, ``bfp.kernels.numba_cpu.fused``; this module's float64 torch code is the reference it equals bit for
-bit, ``backend="reference"``, and what CUDA tensors run: no GPU kernel yet, by the kernels'
-fallback policy).
+tensors, ``bfp.kernels.numba_cpu.fused``; a Triton kernel on CUDA tensors,
+``bfp.kernels.triton_cuda.fused``; this module's float64 torch code is the reference both equal
+bit for bit, ``backend="reference"``).
 
 One step, for each output element, with ``c`` the running sum (float32, starting at +0):
 
@@ -87,9 +87,15 @@ from .precision import FusedAccumulator, accumulator_from_dict
 
 __all__ = ["FusedAccumulator", "fused_matmul", "fused_bmm", "accumulator_from_name", "FUSED_PRESETS"]
 
+SCALE_CAP = 1000  # the largest power of two a cut scales by (``_cut``: all-zero steps)
+
+
 def _cut(x: torch.Tensor, e: torch.Tensor, bits: int, rounding: str) -> torch.Tensor:
-    """``x`` to ``bits`` fraction bits below ``2**e`` (float64, exact scalings by powers of two)."""
-    scale = torch.ldexp(torch.ones_like(x), (bits - e).to(torch.int32))
+    """``x`` to ``bits`` fraction bits below ``2**e`` (float64, exact scalings by powers of two).
+    The scaling is capped at ``2**SCALE_CAP``: only a step whose terms are all zero aligns that
+    low (``align_emin`` -1024 of ``v100_fp16``), and an uncapped ``2**1047`` is infinite in
+    float64, which made ``0 * inf`` a NaN; every nonzero term's scale is far below the cap."""
+    scale = torch.ldexp(torch.ones_like(x), (bits - e).clamp(max=SCALE_CAP).to(torch.int32))
     y = x * scale
     y = torch.trunc(y) if rounding == "truncate" else torch.round(y)  # torch.round: ties to even
     return y / scale
@@ -193,7 +199,7 @@ class _Kernel:
                                                                       self.ea[:, s:e], self.eb[s:e])
         out = pa.new_empty(m, n)
         self.F.fused_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip,
-                           2000)
+                           SCALE_CAP)
         return out.float()  # a chain's result fits float32
 
 
@@ -220,12 +226,15 @@ def _one(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, backend: str,
 
 
 def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
-    """A batch of ``fused_matmul``: ``a`` (B, M, K) @ ``b`` (B, K, N), float32 (B, M, N). On the CPU,
-    where float32 holds the arithmetic exactly (``float32_exact``: FP8 operands), the whole batch
-    and every chain of K run in one kernel call (``fused_gemm32``); otherwise matrix by matrix. While
-    torch.compile traces (or for a tensor subclass) it is one op, ``torch.ops.bfp.fused_bmm``."""
-    if backend not in ("kernel", "reference"):
-        raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference'")
+    """A batch of ``fused_matmul``: ``a`` (B, M, K) @ ``b`` (B, K, N), float32 (B, M, N). ``backend``
+    "kernel": the tensor's device's kernel (CPU: Numba, where float32 holds the arithmetic exactly,
+    ``float32_exact``, the whole batch and every chain of K in one call, ``fused_gemm32``, otherwise
+    matrix by matrix; CUDA: the Triton kernel, ``triton_cuda/fused``, the whole batch in one
+    launch); "triton": that kernel on any tensor (CPU tensors under its interpreter); "reference":
+    the float64 torch steps. While torch.compile traces (or for a tensor subclass) it is one op,
+    ``torch.ops.bfp.fused_bmm``."""
+    if backend not in ("kernel", "reference", "triton"):
+        raise ValueError(f"backend {backend!r}: allowed 'kernel', 'reference', 'triton'")
     if type(a) is not torch.Tensor or torch.compiler.is_compiling():
         return fused_bmm_op(a, b, _accumulator_json(acc), backend)
     return _fused_bmm(a, b, acc, backend)
@@ -240,6 +249,8 @@ def _fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backen
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"fused_bmm needs (B, M, K) @ (B, K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     chains = _chains(a.shape[2], acc)
+    if backend == "triton" or (backend == "kernel" and a.is_cuda):
+        return kernel("fused_accumulator", "triton")(a, b, acc, chains)
     if backend == "kernel" and not a.is_cuda and kernel("fused_accumulator", "cpu").float32_exact(a, b, acc):
         return _gemm32(a, b, acc, chains)
     if a.shape[0] == 0:
@@ -265,9 +276,8 @@ def _accumulator(text: str) -> FusedAccumulator:
 
 def fused_matmul(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str = "kernel") -> torch.Tensor:
     """``a @ b`` (2-D float tensors whose values the products take exactly in float64: FP8/FP16/BF16
-    values) through ``acc`` (module docstring); float32 result. ``backend``: ``"kernel"`` (Numba:
-    ``bfp.kernels.numba_cpu.fused`` on CPU tensors; CUDA tensors take the reference) or ``"reference"`` (this
-    module's float64 torch code), equal bit for bit (``fused_bmm`` checks it)."""
+    values) through ``acc`` (module docstring); float32 result. ``backend`` as ``fused_bmm``'s
+    (``"kernel"``, ``"triton"`` or ``"reference"``), all equal bit for bit."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"fused_matmul needs (M, K) @ (K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     return fused_bmm(a[None], b[None], acc, backend)[0]

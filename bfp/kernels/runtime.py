@@ -51,6 +51,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("hadamard_nvfp4", "cpu"): "numba_cpu.nvfp4_rht:transform_quantize",  # the transform fused into NVFP4
     ("hadamard_nvfp4", "triton"): "triton_cuda.hadamard:transform_quantize",
     ("fused_accumulator", "cpu"): "numba_cpu.fused",           # tensor-core chains
+    ("fused_accumulator", "triton"): "triton_cuda.fused:fused_bmm",  # a batch of them, one launch
     ("threads", "cpu"): "numba_cpu.cpu:threads_for",
     ("pages", "cpu"): "numba_cpu.pages:advise",                 # huge pages for large fresh CPU outputs
 }

@@ -196,3 +196,39 @@ def test_the_hadamard_transform_alone_and_fused_into_nvfp4_on_triton_equals_the_
             if not torch.equal(ref.view(torch.int32), out.view(torch.int32)):
                 fails.append(f"nvfp4 {rounding} {tuple(x.shape)}")
     assert not fails, fails
+
+
+def test_the_tensor_core_accumulators_on_triton_equal_the_reference():
+    """Every accumulator preset (FP8, FP16, BF16, TF32; truncating and, as a variant, rounding to
+    nearest with product exponents and the accumulator outside the alignment) on the Triton
+    backend, bit for bit the float64 reference: K that does and does not fill whole steps, K = 0,
+    promotion every 128, an all-zero row, Inf and NaN operands."""
+    from bfp.tensorcore import FUSED_PRESETS, fused_bmm
+    g = torch.Generator().manual_seed(0)
+    fails = []
+    for name, acc in FUSED_PRESETS.items():
+        cast = torch.float8_e4m3fn if "fp8" in name else torch.float16
+        for B, M, K, N in ((2, 3, 40, 5), (1, 5, 300, 3), (1, 4, 0, 3)):
+            a = (torch.randn(B, M, K, generator=g) * 4).to(cast).float()
+            b = torch.randn(B, K, N, generator=g).to(cast).float()
+            if K:
+                a[0, 0] = 0.0
+                a[0, -1, 3], b[0, 2, 0] = float("inf"), float("nan")
+            for v in (acc, dataclasses.replace(acc, align_rounding="nearest", sum_rounding="nearest",
+                                               product_exponent="product", accumulator_in_alignment=False)):
+                want = fused_bmm(a, b, v, backend="reference")
+                got = fused_bmm(a.to(DEVICE["triton"]), b.to(DEVICE["triton"]), v, backend="triton").cpu()
+                if not torch.equal(want.view(torch.int32), got.view(torch.int32)):
+                    fails.append(f"{name} {(B, M, K, N)} {v is acc}")
+    assert not fails, fails
+
+
+def test_an_all_zero_step_of_a_v100_accumulator_is_zero_not_nan():
+    """v100_fp16 aligns no lower than 2**-1024: a step of zeros once scaled by 2**1047, infinite in
+    float64, and 0 * inf made the output NaN (a ReLU's zero row). Every backend gives +0 now."""
+    from bfp.tensorcore import FUSED_PRESETS, fused_bmm
+    a, b = torch.zeros(1, 2, 8), torch.ones(1, 8, 3)
+    a[0, 0, 0] = 1.0
+    for backend in ("reference", "kernel", "triton"):
+        out = fused_bmm(a, b, FUSED_PRESETS["v100_fp16"], backend=backend)
+        assert out.tolist() == [[[1.0] * 3, [0.0] * 3]], backend

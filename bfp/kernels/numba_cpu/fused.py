@@ -33,16 +33,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-ZERO_EXP = -(1 << 20)  # the exponent of a zero operand: loses every alignment (two sum to -2**21: int32)
-
-
-def operand_exponents(x: torch.Tensor, emin: int) -> torch.Tensor:
-    """floor(log2|x|) of each value, at least ``emin`` (an operand below the input format's
-    smallest normal counts as its minimum normal exponent); ``ZERO_EXP`` for zeros (int32: a
-    32-bit max vectorises with AVX2, a 64-bit one does not)."""
-    _, e = torch.frexp(x)
-    e = torch.clamp(e.to(torch.int32) - 1, min=emin)
-    return torch.where(x == 0, torch.full_like(e, ZERO_EXP), e)
+from ..reference import ZERO_EXP, operand_exponents  # noqa: F401 (the kernels' callers use both here)
 
 
 def float32_exact(a: torch.Tensor, b: torch.Tensor, acc) -> bool:

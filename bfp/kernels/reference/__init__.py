@@ -153,3 +153,14 @@ def quantize_reference(x32: torch.Tensor, rule: Rule, tile, keys) -> torch.Tenso
     ob = quantize_bits(xb, rule, tile, keys)
     return ob.to(torch.int32).view(torch.float32).reshape(x32.shape)
 
+
+ZERO_EXP = -(1 << 20)  # the exponent of a zero operand: loses every alignment (two sum to -2**21: int32)
+
+
+def operand_exponents(x: torch.Tensor, emin: int) -> torch.Tensor:
+    """floor(log2|x|) of each value, at least ``emin`` (an operand below the input format's
+    smallest normal counts as its minimum normal exponent); ``ZERO_EXP`` for zeros (int32): the
+    operand exponents of the tensor-core accumulators' kernels (Numba and Triton), on any device."""
+    _, e = torch.frexp(x)
+    e = torch.clamp(e.to(torch.int32) - 1, min=emin)
+    return torch.where(x == 0, torch.full_like(e, ZERO_EXP), e)
