@@ -206,6 +206,19 @@ def count_fused(name: str = "h100_fp8", warps: int = 4) -> list[dict]:
              "per_element": round(ins * 32 * warps / (bm * bn * acc.terms), 1)}]
 
 
+def count_inplace(warps: int = 4) -> list[dict]:
+    """The accumulators' fused ``s = fmt(s + t)`` (``triton_cuda/inplace.py``), float16 nearest."""
+    from bfp.kernels.triton_cuda import inplace as Ip
+    rule = rule_for(format_from_name("float16"))
+    qt, p2q, hi, lo = E._elementwise_consts(rule)
+    consts = dict(QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
+                  OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, BLOCK=E.ELEMS, IDX64=False)
+    k = _compile(Ip._add_round, {"s_ptr": "*i32", "t_ptr": "*i32", "keys_ptr": "*i64", "n": "i32"}, consts, warps)
+    ins, regs, spill = _sass(k)
+    return [{"format": "float16 s += t", "kernel": "_add_round", "stats": False, "warps": warps, "sass": ins,
+             "registers": regs, "spill_bytes": spill, "per_element": round(ins * 32 * warps / E.ELEMS, 1)}]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the rows here too")
@@ -214,7 +227,7 @@ def main(argv=None) -> int:
     rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)] + count_nvfp4() \
         + count_nvfp4(stochastic=True)[1:] + count_nvfp4((16, 16))[1:] + count_nvfp4(te=True) \
         + count_nvfp4((16, 16), te=True)[1:] + count_scaled() + count_hadamard() + count_fused() \
-        + count_fused("h100_bf16")
+        + count_fused("h100_bf16") + count_inplace()
     print(f"triton {triton.__version__}, sm_90, tensor {'x'.join(map(str, SHAPE))}; budget ~{BUDGET} "
           f"thread-instructions per element at H200 copy bandwidth")
     print(f"{'format':16} {'per elem':>8} {'regs':>5} {'spill':>5} {'warps':>5}  kernel")

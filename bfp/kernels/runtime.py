@@ -46,6 +46,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("amax", "cpu"): "numba_cpu.scaled_cpu:amax",
     ("amax", "triton"): "triton_cuda.scaled:amax",
     ("inplace", "cpu"): "numba_cpu.inplace_cpu",               # rounded running sums (accumulators)
+    ("inplace", "triton"): "triton_cuda.inplace",
     ("hadamard_rows", "cpu"): "numba_cpu.hadamard_cpu:transform_rows",
     ("hadamard_rows", "triton"): "triton_cuda.hadamard:transform_rows",
     ("hadamard_nvfp4", "cpu"): "numba_cpu.nvfp4_rht:transform_quantize",  # the transform fused into NVFP4

@@ -232,3 +232,23 @@ def test_an_all_zero_step_of_a_v100_accumulator_is_zero_not_nan():
     for backend in ("reference", "kernel", "triton"):
         out = fused_bmm(a, b, FUSED_PRESETS["v100_fp16"], backend=backend)
         assert out.tolist() == [[[1.0] * 3, [0.0] * 3]], backend
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "truncate"])
+def test_the_in_place_roundings_on_triton_equal_their_expressions(rounding):
+    """``quantize_`` and ``add_quantize_`` (the accumulators' running sums) on the Triton backend:
+    ``x.copy_(quantize(x))`` and ``s.copy_(quantize(s + t))`` bit for bit, Inf and NaN included."""
+    from bfp.kernels.inplace import add_quantize_, quantize_
+    fmt = Float(5, 10, rounding) if rounding != "stochastic" else Float(4, 3, "stochastic", encoding="fn")
+    s0, t0 = INPUTS[7].clone(), INPUTS[7].flip(0) * 0.37
+    s0[0, :3] = torch.tensor([float("inf"), float("nan"), -0.0])
+    t0[0, :3] = torch.tensor([float("-inf"), 1.0, 0.0])
+    dev = DEVICE["triton"]
+    x = s0.clone().to(dev)
+    quantize_(x, fmt, generator=torch.Generator().manual_seed(3), backend="triton")
+    want = quantize_stats(s0, fmt, generator=torch.Generator().manual_seed(3), backend="reference")[0]
+    assert torch.equal(x.cpu().view(torch.int32), want.view(torch.int32))
+    s, t = s0.clone().to(dev), t0.clone().to(dev)
+    add_quantize_(s, t, fmt, generator=torch.Generator().manual_seed(4), backend="triton")
+    want = quantize_stats(s0 + t0, fmt, generator=torch.Generator().manual_seed(4), backend="reference")[0]
+    assert torch.equal(s.cpu().view(torch.int32), want.view(torch.int32))
