@@ -33,10 +33,10 @@ What the graph needs, and how this module provides it:
 What cannot be captured is refused before training (``refusal``), never ignored: the CPU (no CUDA
 graphs); loss scaling (its skip-or-step decision and scale update are taken on the host, one
 ``.item()`` a step); ``--emulate-node``, torchrun's DDP and their gradient reductions (collectives
-and hooks outside one graph); ``--compile`` (``reduce-overhead`` is its own CUDA graphs). A kernel
-that reads a tensor on the host inside the step (the PyTorch fallbacks of the fused tensor-core
-accumulators and of the Hadamard transform draw stochastic keys through the host) fails the
-capture with CUDA's error, which ``GraphedStep`` re-raises naming the cause.
+and hooks outside one graph); ``--compile`` (``reduce-overhead`` is its own CUDA graphs). Code that
+reads a tensor on the host inside the step (a PyTorch fallback kernel taking its stochastic keys
+as numbers, a user's hook) fails the capture with CUDA's error, which ``GraphedStep`` re-raises
+naming the cause.
 """
 from __future__ import annotations
 
@@ -136,9 +136,9 @@ class GraphedStep:
             if "captur" not in str(e).lower():
                 raise
             raise RuntimeError(f"--cuda-graph: this model's step cannot be captured: something in it reads a "
-                               f"tensor on the host (a synchronisation; a PyTorch fallback kernel such as the "
-                               f"fused tensor-core accumulator's or the Hadamard transform's draws its keys "
-                               f"there); run without --cuda-graph. CUDA said: {e}") from e
+                               f"tensor on the host (a synchronisation: a PyTorch fallback kernel that takes its "
+                               f"keys as numbers, a hook that calls .item()); run without --cuda-graph. CUDA "
+                               f"said: {e}") from e
         self._graph = graph
         self._static = {"x": sx, "y": sy, "loss": loss, "out": out}
         self._grads = [(p, p.grad) for group in optimizer.param_groups for p in group["params"]]

@@ -4,10 +4,10 @@ tiles and both signs of zero: bit-exact against the PyTorch reference, with the 
 
 The Triton backend runs on CUDA tensors where a GPU is present and otherwise under Triton's
 interpreter on CPU tensors (``tests/conftest.py`` sets ``TRITON_INTERPRET=1``): its kernels are
-integer-only, so the interpreter computes the bits a GPU does. What the Triton backend has no
-kernel for (the Hadamard transform, the fused accumulators) takes the reference on the tensor's
-device by the kernels' fallback policy; ``test_triton_runs_these_without_the_reference`` shows the
-families it does cover never reach the reference.
+integer-only (or, the accumulators, exact float64), so the interpreter computes the bits a GPU
+does. Every family, the Hadamard transform, the tensor-core accumulators and the in-place roundings
+have Triton kernels; ``test_triton_runs_these_without_the_reference`` and the Hadamard test show
+they never reach the PyTorch reference.
 """
 import dataclasses
 
