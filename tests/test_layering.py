@@ -85,9 +85,11 @@ def test_no_module_outside_a_backend_folder_imports_a_backend(path):
 def test_the_registry_says_what_each_backend_covers_and_loads_on_first_use():
     from bfp.kernels import runtime
     cov = runtime.covers()
-    assert {"rule", "nvfp4"} <= set(cov["triton"]) and {"rule", "nvfp4", "scaled", "fused_accumulator"} <= set(cov["cpu"])
+    assert {"rule", "nvfp4", "scaled_tensorwise", "scaled_rowwise", "amax", "hadamard_rows", "hadamard_nvfp4",
+            "fused_accumulator", "inplace"} <= set(cov["triton"])
+    assert {"rule", "nvfp4", "scaled", "fused_accumulator"} <= set(cov["cpu"])
     assert set(cov["reference"]) >= set(cov["cpu"]) | set(cov["triton"])
-    assert runtime.kernel("fused_accumulator", "triton") is None  # no kernel: the caller's reference runs
+    assert runtime.kernel("threads", "triton") is None  # no kernel: the caller's own path runs
     assert runtime.kernel("rule", "cuda") is runtime.kernel("rule", "triton")  # the earlier name
     with pytest.raises(ValueError, match="unknown backend 'gpu'"):
         runtime.register("rule", "gpu", "x:y")

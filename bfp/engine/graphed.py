@@ -54,16 +54,16 @@ def refusal(*, device: torch.device, loss_scaling: bool, distributed: bool, emul
             compile_mode: str) -> Optional[str]:
     """Why ``--cuda-graph`` cannot be honoured with these settings (None: it can)."""
     if device.type != "cuda":
-        return f"--cuda-graph needs a CUDA device (CUDA graphs are a GPU feature); this run's device is {device}"
+        return f"`cuda_graph` needs a CUDA device (CUDA graphs are a GPU feature); this run's device is {device}"
     if loss_scaling:
-        return ("--cuda-graph cannot capture loss scaling: its decision to step or skip and its scale update are "
-                "taken on the host every step; use --precision bf16 or --loss-scale none")
+        return ("`cuda_graph` cannot capture loss scaling: its decision to step or skip and its scale update are "
+                "taken on the host every step; use `compute_dtype` bf16 or `loss_scale` none")
     if distributed or emulated:
-        return ("--cuda-graph captures a single-process step; torchrun's DDP and --emulate-node reduce gradients "
+        return ("`cuda_graph` captures a single-process step; torchrun's DDP and `emulate_node` reduce gradients "
                 "outside it (collectives, communication hooks)")
     if compile_mode != "none":
-        return (f"--cuda-graph and --compile {compile_mode} both take over the step; use one "
-                f"(--compile reduce-overhead gives CUDA graphs through Inductor)")
+        return (f"`cuda_graph` and `compile` {compile_mode} both take over the step; use one "
+                f"(`compile` reduce-overhead gives CUDA graphs through Inductor)")
     return None
 
 
@@ -135,9 +135,9 @@ class GraphedStep:
         except RuntimeError as e:
             if "captur" not in str(e).lower():
                 raise
-            raise RuntimeError(f"--cuda-graph: this model's step cannot be captured: something in it reads a "
+            raise RuntimeError(f"`cuda_graph`: this model's step cannot be captured: something in it reads a "
                                f"tensor on the host (a synchronisation: a PyTorch fallback kernel that takes its "
-                               f"keys as numbers, a hook that calls .item()); run without --cuda-graph. CUDA "
+                               f"keys as numbers, a hook that calls .item()); run without `cuda_graph`. CUDA "
                                f"said: {e}") from e
         self._graph = graph
         self._static = {"x": sx, "y": sy, "loss": loss, "out": out}

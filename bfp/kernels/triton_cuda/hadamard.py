@@ -54,25 +54,21 @@ def _ids(nb, ncol):
 def _load(x_ptr, f_ptr, pid_a, rb, c0, Rin, C, B: tl.constexpr, LOG2B: tl.constexpr, WC: tl.constexpr,
           IDX64: tl.constexpr):
     """Block ``rb`` of item ``pid_a`` (rows zero past ``Rin``), columns ``c0 ..``, transformed;
-    also the column mask."""
+    also the column mask, the item index (int64 with ``IDX64``), the block's rows and columns."""
     i = tl.arange(0, B)[:, None]
     c = c0 + tl.arange(0, WC)[None, :]
     row = rb * B + i
     a = pid_a.to(tl.int64) if IDX64 else pid_a
     t = tl.load(x_ptr + (a * Rin + row) * C + c, mask=(row < Rin) & (c < C), other=0.0)
     t = _butterflies(t, B, LOG2B, WC)
-    return t * tl.load(f_ptr + i), c < C
+    return t * tl.load(f_ptr + i), c < C, a, i, c
 
 
 @triton.jit
 def _rows(x_ptr, f_ptr, o_ptr, Rin, C, nb, ncol, B: tl.constexpr, LOG2B: tl.constexpr, WC: tl.constexpr,
           IDX64: tl.constexpr):
     pid_a, rb, pc = _ids(nb, ncol)
-    c0 = pc * WC
-    t, cm = _load(x_ptr, f_ptr, pid_a, rb, c0, Rin, C, B, LOG2B, WC, IDX64)
-    a = pid_a.to(tl.int64) if IDX64 else pid_a
-    i = tl.arange(0, B)[:, None]
-    c = c0 + tl.arange(0, WC)[None, :]
+    t, cm, a, i, c = _load(x_ptr, f_ptr, pid_a, rb, pc * WC, Rin, C, B, LOG2B, WC, IDX64)
     tl.store(o_ptr + (a * nb * B + rb * B + i) * C + c, t, mask=cm)
 
 
@@ -80,7 +76,7 @@ def _rows(x_ptr, f_ptr, o_ptr, Rin, C, nb, ncol, B: tl.constexpr, LOG2B: tl.cons
 def _amax(x_ptr, f_ptr, part_ptr, Rin, C, nb, ncol, B: tl.constexpr, LOG2B: tl.constexpr, WC: tl.constexpr,
           IDX64: tl.constexpr):
     pid_a, rb, pc = _ids(nb, ncol)
-    t, cm = _load(x_ptr, f_ptr, pid_a, rb, pc * WC, Rin, C, B, LOG2B, WC, IDX64)
+    t, cm, _, _, _ = _load(x_ptr, f_ptr, pid_a, rb, pc * WC, Rin, C, B, LOG2B, WC, IDX64)
     m = t.to(tl.int32, bitcast=True) & MAG
     top = tl.max(tl.max(tl.where(cm & (m < EXP_INF), m, 0), axis=1), axis=0)
     tl.store(part_ptr + tl.program_id(0), top)
@@ -91,11 +87,7 @@ def _quantize(x_ptr, f_ptr, o_ptr, keys_ptr, amax_ptr, Rin, C, nb, ncol, B: tl.c
               WC: tl.constexpr, TENSOR_SCALE: tl.constexpr, E4: tl.constexpr, E2: tl.constexpr, MODE: tl.constexpr,
               IDX64: tl.constexpr):
     pid_a, rb, pc = _ids(nb, ncol)
-    c0 = pc * WC
-    t, cm = _load(x_ptr, f_ptr, pid_a, rb, c0, Rin, C, B, LOG2B, WC, IDX64)
-    a = pid_a.to(tl.int64) if IDX64 else pid_a
-    i = tl.arange(0, B)[:, None]
-    c = c0 + tl.arange(0, WC)[None, :]
+    t, cm, a, i, c = _load(x_ptr, f_ptr, pid_a, rb, pc * WC, Rin, C, B, LOG2B, WC, IDX64)
     R = nb * B
     r = rb * B + i
     b = t.to(tl.int32, bitcast=True)
