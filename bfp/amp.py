@@ -33,7 +33,9 @@ With a power-of-two scale (the default and every dynamic scale grown or backed
 off by powers of two) both are exact unless a value overflows (then the step is
 skipped) or falls into float32's subnormal range; so in float32 without
 simulated formats, a scaled step is bit-identical to an unscaled one (tested).
-The decision needs one device-to-host sync per step (as GradScaler's does).
+The decision needs one device-to-host sync per step (as GradScaler's does), unless
+``LossScaler.on_device`` keeps it on the device (``--cuda-graph``: the optimizer always runs and an
+overflowing step is undone by restoring the parameters and optimizer state it changed).
 """
 from __future__ import annotations
 
@@ -108,27 +110,64 @@ class LossScaler:
         self.mode = "static" if isinstance(mode, float) else mode
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = growth_interval
+        self._dev: Optional[dict[str, torch.Tensor]] = None  # on_device(): the state as device tensors
         self.scale = 1.0 if mode == "none" else mode if isinstance(mode, float) else float(init_scale)
         self.growth_tracker = 0      # clean steps in a row since the last change (dynamic)
         self.skipped_steps = 0       # steps skipped for overflow, over the whole run
         self.last_skipped = False    # whether the latest step was skipped
 
+    # The state: host values, or (after on_device) device tensors, read back only when asked for.
+    scale = property(lambda self: self._get("scale", float), lambda self, v: self._set("scale", float(v)))
+    growth_tracker = property(lambda self: self._get("growth_tracker", int),
+                              lambda self, v: self._set("growth_tracker", int(v)))
+    skipped_steps = property(lambda self: self._get("skipped_steps", int),
+                             lambda self, v: self._set("skipped_steps", int(v)))
+    last_skipped = property(lambda self: self._get("last_skipped", bool),
+                            lambda self, v: self._set("last_skipped", bool(v)))
+
+    def _get(self, key: str, kind):
+        return kind(self._dev[key].item()) if self._dev is not None else self.__dict__["_" + key]
+
+    def _set(self, key: str, value) -> None:
+        self.__dict__["_" + key] = value
+        if self._dev is not None:
+            self._dev[key].fill_(value)
+
+    def on_device(self, device: torch.device) -> None:
+        """Keep the state on ``device`` and decide each step there, with no host read (what a
+        captured CUDA graph needs, ``bfp.engine.graphed``): the scale a float32 0-dim tensor (as
+        GradScaler's; a power-of-two scale, the default, is exact either way), the skip applied by
+        restoring the parameters and the optimizer's state after a step that overflowed, the
+        dynamic update by ``torch._amp_update_scale_``. Reading ``scale`` or the counters then
+        reads the device (a synchronisation, where a log or a checkpoint asks)."""
+        if self._dev is not None and self._dev["scale"].device == device:
+            return
+        values = {k: self.__dict__["_" + k] for k in ("scale", "growth_tracker", "skipped_steps", "last_skipped")}
+        self._dev = {"scale": torch.tensor(values["scale"], dtype=torch.float32, device=device),
+                     "growth_tracker": torch.tensor(values["growth_tracker"], dtype=torch.int32, device=device),
+                     "skipped_steps": torch.tensor(values["skipped_steps"], dtype=torch.int64, device=device),
+                     "last_skipped": torch.tensor(values["last_skipped"], dtype=torch.bool, device=device)}
+
     def is_enabled(self) -> bool:
         return self.mode != "none"
+
+    def snapshot(self) -> tuple:
+        """``(scale, skipped_steps, last_skipped)`` now: values, or device tensors (copies) when the
+        state is on the device, for a log to read later without a synchronisation each step."""
+        if self._dev is None:
+            return self.scale, self.skipped_steps, self.last_skipped
+        return tuple(self._dev[k].clone() for k in ("scale", "skipped_steps", "last_skipped"))
 
     def get_scale(self) -> float:
         return self.scale
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * self.scale if self.is_enabled() else loss
-
-    def step(self, optimizer: torch.optim.Optimizer, simulated_overflow: Optional[torch.Tensor] = None) -> bool:
-        """Unscale, step unless something overflowed, update the scale; returns whether it stepped."""
         if not self.is_enabled():
-            optimizer.step()
-            self.last_skipped = False
-            return True
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            return loss
+        return loss * (self._dev["scale"] if self._dev is not None else self.__dict__["_scale"])
+
+    def _found(self, grads: list[torch.Tensor], simulated_overflow: Optional[torch.Tensor]):
+        """Unscale ``grads`` in place and flag a non-finite one or a simulated overflow (0-dim bool)."""
         by_device: dict[Any, list[torch.Tensor]] = {}
         for g in grads:
             by_device.setdefault((g.device, g.dtype), []).append(g)
@@ -136,10 +175,54 @@ class LossScaler:
         for (device, _), group in by_device.items():
             # one fused pass (GradScaler's kernel): flag a non-finite scaled gradient, multiply by 1/scale
             inf = torch.zeros(1, dtype=torch.float32, device=device)
-            inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=device)
+            if self._dev is not None:  # 1/scale in float64, rounded once: the host path's value
+                inv = (1.0 / self._dev["scale"].double()).float().reshape(1)
+            else:
+                inv = torch.full((1,), 1.0 / self.scale, dtype=torch.float32, device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(group, inf, inv)
             inf = inf.reshape(()) != 0
             found = inf if found is None else inf.logical_or(found.to(device))
+        return found
+
+    def _device_step(self, optimizer: torch.optim.Optimizer, simulated_overflow: Optional[torch.Tensor]) -> None:
+        """``step`` decided on the device (``on_device``): the optimizer always runs, and a step that
+        overflowed is undone by restoring what it changed."""
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in params]
+        d = self._dev
+        found = self._found(grads, simulated_overflow)
+        found = torch.zeros((), dtype=torch.bool, device=d["scale"].device) if found is None else found.to(
+            d["scale"].device)
+        def tensors(p):
+            return [(k, v) for k, v in optimizer.state.get(p, {}).items() if isinstance(v, torch.Tensor)]
+        kept = [(p, p.detach().clone()) for p in params] + [(v, v.detach().clone()) for p in params
+                                                             for _, v in tensors(p)]
+        had = {(id(p), k) for p in params for k, _ in tensors(p)}
+        optimizer.step()
+        for t, before in kept:
+            t.detach().copy_(torch.where(found, before, t.detach()))
+        for p in params:  # state the step created (a first step's momentum): zero, as if never made
+            for k, v in tensors(p):
+                if (id(p), k) not in had:
+                    v.detach().copy_(torch.where(found, torch.zeros_like(v), v.detach()))
+        if self.mode == "dynamic":
+            torch._amp_update_scale_(d["scale"], d["growth_tracker"], found.float(), self.growth_factor,
+                                     self.backoff_factor, self.growth_interval)
+        d["skipped_steps"].add_(found.long())
+        d["last_skipped"].copy_(found)
+
+    def step(self, optimizer: torch.optim.Optimizer, simulated_overflow: Optional[torch.Tensor] = None) -> bool:
+        """Unscale, step unless something overflowed, update the scale; returns whether it stepped
+        (True, undecided on the host, where the state is on the device: ``on_device``)."""
+        if not self.is_enabled():
+            optimizer.step()
+            self.last_skipped = False
+            return True
+        if self._dev is not None:
+            self._device_step(optimizer, simulated_overflow)
+            return True
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        found = self._found(grads, simulated_overflow)
         overflow = bool(_any_rank(found, grads).item())  # the step's one host sync
         if not overflow:  # a skipped step's (unscaled) gradients are never used: zero_grad comes first
             optimizer.step()

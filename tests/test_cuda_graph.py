@@ -18,14 +18,13 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 
 def _why(**changes):
-    kw = dict(device=torch.device("cuda"), loss_scaling=False, distributed=False, emulated=False, compile_mode="none")
+    kw = dict(device=torch.device("cuda"), distributed=False, emulated=False, compile_mode="none")
     return refusal(**{**kw, **changes})
 
 
 def test_what_cannot_be_captured_is_refused_with_the_reason():
     assert _why() is None
     assert "needs a CUDA device" in _why(device=torch.device("cpu"))
-    assert "loss scaling" in _why(loss_scaling=True) and "`compute_dtype` bf16" in _why(loss_scaling=True)
     assert "single-process" in _why(distributed=True) and "`emulate_node`" in _why(emulated=True)
     assert "reduce-overhead" in _why(compile_mode="default")
 
@@ -70,12 +69,14 @@ def _model(preset):
     return bfp.convert(m, preset, torch.randn(2, 3, 8, 8)).cuda()
 
 
-def _train(model, step, batches):
+def _train(model, step, batches, compute="fp32"):
     from bfp.amp import MixedPrecision
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     device_lr(opt, torch.device("cuda"))  # both runs take the same (tensor) learning rate
     sched = CosineSchedule(opt, total_steps=len(batches))
-    amp, crit = MixedPrecision("fp32", "cuda"), nn.CrossEntropyLoss()
+    amp, crit = MixedPrecision(compute, "cuda"), nn.CrossEntropyLoss()
+    if amp.scaler.is_enabled():
+        amp.scaler.on_device(torch.device("cuda"))  # both decide on the device
     losses = []
     for x, y in batches:
         loss, _ = step(model, x, y, criterion=crit, optimizer=opt, amp=amp)
@@ -91,8 +92,9 @@ PRESETS = ["any_FB16", "any_fp8_e4m3", "any_fp8_tensorwise", "any_fp8_delayed", 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("preset", PRESETS)
-def test_a_replayed_step_is_bit_for_bit_the_eager_step(preset):
+@pytest.mark.parametrize("preset, compute", [(p, "fp32") for p in PRESETS] + [("any_FB16", "fp16"),
+                                                                             ("any_fp8_e4m3", "bf16")])
+def test_a_replayed_step_is_bit_for_bit_the_eager_step(preset, compute):
     from bfp.engine.compiled import deterministic
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(16, 3, 8, 8, generator=g).cuda(), torch.randint(0, 10, (16,), generator=g).cuda())
@@ -101,10 +103,10 @@ def test_a_replayed_step_is_bit_for_bit_the_eager_step(preset):
         eager_model = _model(preset)
         graphed_model = copy.deepcopy(eager_model)
         torch.cuda.manual_seed(3)
-        want = _train(eager_model, PlainStep(), batches)
+        want = _train(eager_model, PlainStep(), batches, compute)
         torch.cuda.manual_seed(3)
         step = GraphedStep()
-        got = _train(graphed_model, step, batches)
+        got = _train(graphed_model, step, batches, compute)
     assert step.captures == 1
     assert torch.equal(want, got)
     for a, b in zip(eager_model.state_dict().values(), graphed_model.state_dict().values()):
@@ -116,14 +118,16 @@ def test_a_replayed_step_is_bit_for_bit_the_eager_step(preset):
 @pytest.mark.parametrize("preset", PRESETS + ["any_nvfp4_recipe", "any_nvfp4_te_recipe", "any_mxfp4", "any_p3109_p3",
                                     "any_fp8_hybrid", "any_FB12LG16", "any_fp8_h100", ROWWISE])
 def test_training_steps_do_not_synchronise_with_the_host(preset):
-    """Every preset family, tensor-core accumulators (any_fp8_h100) included."""
+    """Every preset family, tensor-core accumulators (any_fp8_h100) included, and fp16 with dynamic
+    loss scaling decided on the device."""
     model = _model(preset)
     batches = [(torch.randn(16, 3, 8, 8).cuda(), torch.randint(0, 10, (16,)).cuda()) for _ in range(3)]
-    _train(model, PlainStep(), batches[:1])  # first use: kernels compile, lazy state is made
+    compute = "fp16" if preset == "any_FB16" else "fp32"
+    _train(model, PlainStep(), batches[:1], compute)  # first use: kernels compile, lazy state is made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _train(model, PlainStep(), batches)
+        _train(model, PlainStep(), batches, compute)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -139,3 +143,35 @@ def test_a_new_precision_and_optimizer_capture_anew():
     bfp.convert(model, "any_FB12")
     _train(model, step, batches)
     assert step.captures == 2
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+@pytest.mark.parametrize("mode", ["dynamic", 1024.0])
+def test_loss_scaling_decided_on_the_device_gives_the_host_decided_weights_and_counts(optimizer, mode):
+    """``LossScaler.on_device`` (what ``--cuda-graph`` uses): overflowing steps, the first included,
+    are undone on the device; weights, optimizer state, scale and counters equal the host path's."""
+    from bfp.amp import MixedPrecision
+
+    def run(on_device):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4) if optimizer == "sgd"
+               else torch.optim.AdamW(m.parameters(), lr=0.01))
+        amp = MixedPrecision("fp32", "cpu", loss_scale=mode, growth_interval=3)
+        if on_device:
+            amp.scaler.on_device(torch.device("cpu"))
+        g = torch.Generator().manual_seed(1)
+        for i in range(12):
+            x, y = torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g)
+            if i in (0, 4, 5):
+                x[0, 0] = float("inf")  # the loss overflows: the step is skipped
+            amp.train_step(m, x, y, criterion=nn.CrossEntropyLoss(), optimizer=opt)
+        return m, opt, amp.scaler
+    (m0, o0, s0), (m1, o1, s1) = run(False), run(True)
+    for a, b in zip(m0.state_dict().values(), m1.state_dict().values()):
+        assert torch.equal(a, b)
+    for p0, p1 in zip(m0.parameters(), m1.parameters()):
+        for k, v in o0.state[p0].items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(o1.state[p1][k])), k
+    assert s0.state_dict() == s1.state_dict() and s1.skipped_steps == 3
+    assert isinstance(s1.snapshot()[0], torch.Tensor) and not isinstance(s0.snapshot()[0], torch.Tensor)

@@ -165,8 +165,8 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--cuda-graph", **b, default=False,
                    help="capture the whole training step (forward, backward, optimizer) as one CUDA graph and "
                         "replay it (bfp.engine.graphed): needs a GPU; an epoch's last, smaller batch and measured "
-                        "steps (--do, --diagnose) run eagerly; refuses what it cannot capture (loss scaling, "
-                        "several workers, --compile), saying why")
+                        "steps (--do, --diagnose) run eagerly; loss scaling decides on the device; refuses what it "
+                        "cannot capture (several workers, --compile), saying why")
     g.add_argument("--deterministic", **b, default=False,
                    help="deterministic algorithms (cuDNN, cuBLAS, torch.use_deterministic_algorithms): GPU runs "
                         "repeat bit for bit, at some cost in speed; CPU runs repeat without it")

@@ -198,8 +198,8 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
 
 def graphed_step(args: argparse.Namespace, device: torch.device, amp, dist) -> GraphedStep:
     """``--cuda-graph``'s step strategy, or the reason it cannot be honoured (bfp.engine.graphed)."""
-    why = refusal(device=device, loss_scaling=amp.scaler.is_enabled(), distributed=dist.env.world_size > 1,
-                  emulated=args.emulate_node > 1, compile_mode=args.compile)
+    why = refusal(device=device, distributed=dist.env.world_size > 1, emulated=args.emulate_node > 1,
+                  compile_mode=args.compile)
     if why is not None:
         raise UsageError(why)
     return GraphedStep(dist.step)

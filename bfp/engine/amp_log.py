@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+import torch
+
 from .callbacks import Callback
 
 
@@ -25,6 +27,7 @@ class LossScaleLog(Callback):
     def __init__(self):
         self._file = None
         self._skipped_at_epoch_start = 0
+        self._pending: list = []  # (step, epoch, scaler.snapshot()) not written yet
 
     def on_train_start(self, trainer) -> None:
         if trainer.run_dir is not None and trainer.amp.scaler.is_enabled():
@@ -35,19 +38,29 @@ class LossScaleLog(Callback):
 
     def on_batch_end(self, trainer, step: int) -> None:
         s = trainer.amp.scaler
-        if not s.is_enabled():
+        if not s.is_enabled() or (trainer.writer is None and self._file is None):
             return
-        if trainer.writer is not None:
-            trainer.writer.add_scalar("amp/loss_scale", s.scale, step)
-            trainer.writer.add_scalar("amp/skipped_steps", s.skipped_steps, step)
-        if self._file is not None:
-            self._file.write(json.dumps({"step": step, "epoch": trainer.epoch, "scale": s.scale,
-                                         "skipped": s.last_skipped}) + "\n")
+        # a scaler deciding on the device (--cuda-graph) gives tensors: written at the epoch's end,
+        # one read of the device an epoch instead of one a step
+        self._pending.append((step, trainer.epoch, s.snapshot()))
+        if not isinstance(self._pending[-1][2][0], torch.Tensor):
+            self._write(trainer)
+
+    def _write(self, trainer) -> None:
+        for step, epoch, (scale, skipped_steps, last) in self._pending:
+            scale, skipped_steps, last = float(scale), int(skipped_steps), bool(last)
+            if trainer.writer is not None:
+                trainer.writer.add_scalar("amp/loss_scale", scale, step)
+                trainer.writer.add_scalar("amp/skipped_steps", skipped_steps, step)
+            if self._file is not None:
+                self._file.write(json.dumps({"step": step, "epoch": epoch, "scale": scale, "skipped": last}) + "\n")
+        self._pending = []
 
     def on_epoch_end(self, trainer, epoch: int, metrics: dict[str, float]) -> None:
         s = trainer.amp.scaler
         if not s.is_enabled():
             return
+        self._write(trainer)
         skipped = s.skipped_steps - self._skipped_at_epoch_start
         metrics["loss_scale"] = s.scale
         metrics["skipped_steps"] = skipped
@@ -63,7 +76,9 @@ class LossScaleLog(Callback):
             f.close()
 
     def on_train_end(self, trainer) -> None:
+        self._write(trainer)
         self._close()
 
     def on_exception(self, trainer, exc: BaseException) -> None:
+        self._pending = []  # the device may be what failed: what is pending is not read
         self._close()

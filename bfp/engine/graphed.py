@@ -30,9 +30,13 @@ What the graph needs, and how this module provides it:
 * **``.grad`` kept current.** After a replay each parameter's ``.grad`` is the graph's gradient
   tensor again (an eager step in between rebinds it), for callbacks that read gradients.
 
+* **Loss scaling on the device.** The scaler's step-or-skip decision and its scale update move to
+  the device (``LossScaler.on_device``): the optimizer always runs and a step that overflowed is
+  undone (the parameters and optimizer state it changed restored), so no step reads the host; the
+  loss-scale log reads the device once an epoch.
+
 What cannot be captured is refused before training (``refusal``), never ignored: the CPU (no CUDA
-graphs); loss scaling (its skip-or-step decision and scale update are taken on the host, one
-``.item()`` a step); ``--emulate-node``, torchrun's DDP and their gradient reductions (collectives
+graphs); ``--emulate-node``, torchrun's DDP and their gradient reductions (collectives
 and hooks outside one graph); ``--compile`` (``reduce-overhead`` is its own CUDA graphs). Code that
 reads a tensor on the host inside the step (a PyTorch fallback kernel taking its stochastic keys
 as numbers, a user's hook) fails the capture with CUDA's error, which ``GraphedStep`` re-raises
@@ -50,14 +54,10 @@ from .step import PlainStep
 WARMUP = 3  # eager steps on a side stream before a capture (PyTorch's examples use 3 to 11)
 
 
-def refusal(*, device: torch.device, loss_scaling: bool, distributed: bool, emulated: bool,
-            compile_mode: str) -> Optional[str]:
+def refusal(*, device: torch.device, distributed: bool, emulated: bool, compile_mode: str) -> Optional[str]:
     """Why ``--cuda-graph`` cannot be honoured with these settings (None: it can)."""
     if device.type != "cuda":
         return f"`cuda_graph` needs a CUDA device (CUDA graphs are a GPU feature); this run's device is {device}"
-    if loss_scaling:
-        return ("`cuda_graph` cannot capture loss scaling: its decision to step or skip and its scale update are "
-                "taken on the host every step; use `compute_dtype` bf16 or `loss_scale` none")
     if distributed or emulated:
         return ("`cuda_graph` captures a single-process step; torchrun's DDP and `emulate_node` reduce gradients "
                 "outside it (collectives, communication hooks)")
@@ -96,6 +96,8 @@ class GraphedStep:
             self.invalidate()
             self._key = key
             self._layers = [m for m in model.modules() if hasattr(m, "quantize_hook")]
+            if amp.scaler.is_enabled():  # the step-or-skip decision and the scale's update on the device
+                amp.scaler.on_device(x.device)
         if any(m.quantize_hook is not None for m in self._layers):
             # a measured step (--do, --diagnose): Python hooks at the points, so this step runs eagerly
             return self.inner(model, x, y, criterion=criterion, optimizer=optimizer, amp=amp)
