@@ -129,22 +129,19 @@ def _digits(tmp_path, *extra):
     return train(build_spec(CIFAR, argv))
 
 
-def test_compile_trains_the_digits_job_within_half_a_point_of_eager_and_is_recorded(tmp_path):
+def test_compile_trains_the_digits_job_within_half_a_point_of_eager_and_resume_keeps_it(tmp_path):
+    from bfp.cli import cifar as main
     torch._dynamo.reset()
     eager = _digits(tmp_path / "eager")
     compiled = _digits(tmp_path / "compiled", "--compile", "default", "--save", "True", "--run-name", "c")
     assert eager["last"]["test_acc1"] > 90
     assert abs(compiled["last"]["test_acc1"] - eager["last"]["test_acc1"]) <= 0.5
-    state = torch.load(tmp_path / "compiled" / "c" / "checkpoints" / "last.pt", weights_only=False)
+    run = tmp_path / "compiled" / "c"
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
     assert state["extra"]["args"]["compile"] == "default" and state["config"]["compile"] == "default"
-
-
-def test_resume_keeps_the_compile_mode_and_refuses_another(tmp_path, tiny_args):
-    from bfp.cli import cifar as main
-    assert main(tiny_args("--training-epochs", "1", "--save", "True", "--run-name", "r", "--compile", "default")) == 0
-    run = str(tmp_path / "runs" / "r")
-    assert main(tiny_args("--resume", run, "--compile", "none")) == 2  # what the run computes: kept
-    spec = build_spec(CIFAR, ["--resume", run, "--device", "cpu", "--progress", "False"])
+    # a resume keeps what the run computes: another --compile is refused, none given keeps "default"
+    assert main(["--resume", str(run), "--compile", "none", "--device", "cpu", "--progress", "False"]) == 2
+    spec = build_spec(CIFAR, ["--resume", str(run), "--device", "cpu", "--progress", "False"])
     assert spec.args.compile == "default"
 
 
