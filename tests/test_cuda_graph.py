@@ -175,3 +175,76 @@ def test_loss_scaling_decided_on_the_device_gives_the_host_decided_weights_and_c
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(o1.state[p1][k])), k
     assert s0.state_dict() == s1.state_dict() and s1.skipped_steps == 3
     assert isinstance(s1.snapshot()[0], torch.Tensor) and not isinstance(s0.snapshot()[0], torch.Tensor)
+
+
+class _FakeGraph:
+    """A stand-in for a captured graph on the CPU: ``replay`` runs the captured step again on the
+    static inputs and writes its results into the capture's output tensors (what a real replay's
+    kernels do), so ``GraphedStep``'s own logic runs without a GPU."""
+
+    def __init__(self, work, out):
+        self.work, self.out, self.replays = work, out, 0
+
+    def replay(self):
+        loss, out = self.work()
+        self.out[0].copy_(loss)
+        self.out[1].copy_(out)
+        self.replays += 1
+
+
+@pytest.mark.parametrize("compute, scale", [("fp32", None), ("bf16", "dynamic")])
+def test_graphed_step_logic_on_the_cpu_gives_the_eager_weights(monkeypatch, compute, scale):
+    """The capture replaced by ``_FakeGraph`` (no GPU): warm-up, one capture, replays with the
+    batch copied into the static inputs, the last smaller batch eager, a new capture after a
+    precision change and after a momentum change, the schedule's lr read at every replay, loss
+    scaling decided on the device: the weights equal the plain eager step's, bit for bit."""
+    import bfp.engine.graphed as G
+    from bfp.amp import MixedPrecision
+    graphs, state = [], []
+
+    def fake_capture(work, device):
+        # a capture records the step without running it: run it for its outputs, then put back
+        # everything it changed (weights, buffers, optimizer and scaler state); replay() runs it
+        before = [t.detach().clone() for t in state[0]()]
+        out = work()
+        for t, b in zip(state[0](), before):
+            t.detach().copy_(b)
+        graphs.append(_FakeGraph(work, out))
+        return graphs[-1], out
+    monkeypatch.setattr(G, "capture", fake_capture)
+    monkeypatch.setattr(G, "on_side_stream", lambda work, device: work())
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)) for _ in range(7)]
+    batches.append((torch.randn(3, 3, 8, 8, generator=g), torch.randint(0, 10, (3,), generator=g)))  # smaller
+
+    def train(step):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(512, 10))
+        m = bfp.convert(m, "any_FB16", torch.randn(2, 3, 8, 8))  # the middle conv quantized (@first/@last FP32)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+        device_lr(opt, torch.device("cpu"))
+        sched = CosineSchedule(opt, total_steps=3 * len(batches))
+        amp = MixedPrecision(compute, "cpu", loss_scale=scale)
+        if amp.scaler.is_enabled():
+            amp.scaler.on_device(torch.device("cpu"))
+        state[:] = [lambda: [*m.parameters(), *m.buffers(), *(v for st in opt.state.values() for v in st.values()
+                                                               if isinstance(v, torch.Tensor)),
+                             *((amp.scaler._dev or {}).values())]]
+        for epoch in range(3):
+            if epoch == 1:
+                bfp.convert(m, "any_FB12")  # a precision change (--do, a -tc schedule)
+            if epoch == 2:
+                opt.param_groups[0]["momentum"] = 0.8  # a plan's optimizer change
+            for x, y in batches:
+                step(m, x, y, criterion=nn.CrossEntropyLoss(), optimizer=opt, amp=amp)
+                sched.step()
+        return m, amp.scaler
+    want, s0 = train(PlainStep())
+    step = GraphedStep(warmup=2)
+    got, s1 = train(step)
+    for a, b in zip(want.state_dict().values(), got.state_dict().values()):
+        assert torch.equal(a, b)
+    assert step.captures == 3 == len(graphs)  # one per precision / momentum
+    assert [gr.replays for gr in graphs] == [5, 5, 5]  # 8 batches: 2 warm-up, capture + 5 replays, 1 eager
+    assert s0.state_dict() == s1.state_dict()

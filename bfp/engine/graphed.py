@@ -111,12 +111,8 @@ class GraphedStep:
             return self.inner(model, x, y, criterion=criterion, optimizer=optimizer, amp=amp)
         if self._eager_left > 0:  # warm-up: real steps, on a side stream
             self._eager_left -= 1
-            side = torch.cuda.Stream(x.device)
-            side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side):
-                out = self.inner(model, x, y, criterion=criterion, optimizer=optimizer, amp=amp)
-            torch.cuda.current_stream(x.device).wait_stream(side)
-            return out
+            return on_side_stream(lambda: self.inner(model, x, y, criterion=criterion, optimizer=optimizer, amp=amp),
+                                  x.device)
         if self._graph is None:
             self._capture(model, x, y, criterion, optimizer, amp)
         else:
@@ -129,11 +125,9 @@ class GraphedStep:
 
     def _capture(self, model, x, y, criterion, optimizer, amp) -> None:
         sx, sy = x.clone(), y.clone()
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(x.device)
         try:
-            with torch.cuda.graph(graph):
-                loss, out = self.inner(model, sx, sy, criterion=criterion, optimizer=optimizer, amp=amp)
+            graph, (loss, out) = capture(lambda: self.inner(model, sx, sy, criterion=criterion, optimizer=optimizer,
+                                                            amp=amp), x.device)
         except RuntimeError as e:
             if "captur" not in str(e).lower():
                 raise
@@ -145,6 +139,27 @@ class GraphedStep:
         self._static = {"x": sx, "y": sy, "loss": loss, "out": out}
         self._grads = [(p, p.grad) for group in optimizer.param_groups for p in group["params"]]
         self.captures += 1
+
+
+def on_side_stream(work, device: torch.device):
+    """``work()`` on a fresh stream that waits for, and is waited for by, the current one (the
+    warm-up PyTorch's capture examples run before ``torch.cuda.graph``)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        out = work()
+    torch.cuda.current_stream(device).wait_stream(side)
+    return out
+
+
+def capture(work, device: torch.device):
+    """``(graph, work())``: ``work`` run once under CUDA-graph capture (its kernels recorded, not
+    run: ``graph.replay()`` runs them)."""
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize(device)
+    with torch.cuda.graph(graph):
+        out = work()
+    return graph, out
 
 
 def _hyperparameters(optimizer: torch.optim.Optimizer) -> tuple:
