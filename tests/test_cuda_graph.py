@@ -63,26 +63,36 @@ def test_adam_is_made_capturable_with_its_step_count_on_the_device():
     assert opt.param_groups[0]["capturable"] is True
 
 
-def _model(preset):
+def _model(preset, device="cuda"):
+    """Conv, BN, conv, linear: the middle conv is quantized by every preset (@first/@last stay FP32)."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 10))
-    return bfp.convert(m, preset, torch.randn(2, 3, 8, 8)).cuda()
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                      nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 10))
+    return bfp.convert(m, preset, torch.randn(2, 3, 8, 8)).to(device)
 
 
-def _train(model, step, batches, compute="fp32"):
+def _setup(model, batches, compute="fp32"):
+    """Optimizer (a device lr, as ``--cuda-graph`` makes it), schedule, amp: made before any step."""
     from bfp.amp import MixedPrecision
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     device_lr(opt, torch.device("cuda"))  # both runs take the same (tensor) learning rate
-    sched = CosineSchedule(opt, total_steps=len(batches))
-    amp, crit = MixedPrecision(compute, "cuda"), nn.CrossEntropyLoss()
+    amp = MixedPrecision(compute, "cuda")
     if amp.scaler.is_enabled():
         amp.scaler.on_device(torch.device("cuda"))  # both decide on the device
+    return opt, CosineSchedule(opt, total_steps=len(batches)), amp
+
+
+def _steps(model, step, batches, opt, sched, amp):
     losses = []
     for x, y in batches:
-        loss, _ = step(model, x, y, criterion=crit, optimizer=opt, amp=amp)
+        loss, _ = step(model, x, y, criterion=nn.CrossEntropyLoss(), optimizer=opt, amp=amp)
         sched.step()
         losses.append(loss)
     return torch.stack(losses)
+
+
+def _train(model, step, batches, compute="fp32"):
+    return _steps(model, step, batches, *_setup(model, batches, compute))
 
 
 ROWWISE = {"version": 1, "default": {"operands": "fp8_e4m3_rowwise"}}
@@ -123,11 +133,12 @@ def test_training_steps_do_not_synchronise_with_the_host(preset):
     model = _model(preset)
     batches = [(torch.randn(16, 3, 8, 8).cuda(), torch.randint(0, 10, (16,)).cuda()) for _ in range(3)]
     compute = "fp16" if preset == "any_FB16" else "fp32"
-    _train(model, PlainStep(), batches[:1], compute)  # first use: kernels compile, lazy state is made
+    setup = _setup(model, batches, compute)
+    _steps(model, PlainStep(), batches[:1], *setup)  # first use: kernels compile, lazy state is made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _train(model, PlainStep(), batches, compute)
+        _steps(model, PlainStep(), batches, *setup)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -218,10 +229,7 @@ def test_graphed_step_logic_on_the_cpu_gives_the_eager_weights(monkeypatch, comp
     batches.append((torch.randn(3, 3, 8, 8, generator=g), torch.randint(0, 10, (3,), generator=g)))  # smaller
 
     def train(step):
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
-                          nn.ReLU(), nn.Flatten(), nn.Linear(512, 10))
-        m = bfp.convert(m, "any_FB16", torch.randn(2, 3, 8, 8))  # the middle conv quantized (@first/@last FP32)
+        m = _model("any_FB16", "cpu")
         opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
         device_lr(opt, torch.device("cpu"))
         sched = CosineSchedule(opt, total_steps=3 * len(batches))
