@@ -29,7 +29,6 @@ What the graph needs, and how this module provides it:
   ``--diagnose``'s measurements call Python at every point) is not replayed but run as it is.
 * **``.grad`` kept current.** After a replay each parameter's ``.grad`` is the graph's gradient
   tensor again (an eager step in between rebinds it), for callbacks that read gradients.
-
 * **Loss scaling on the device.** The scaler's step-or-skip decision and its scale update move to
   the device (``LossScaler.on_device``): the optimizer always runs and a step that overflowed is
   undone (the parameters and optimizer state it changed restored), so no step reads the host; the
