@@ -8,7 +8,8 @@
 
 ``--modes``: ``eager`` (the plain step), ``compile`` (the model under ``torch.compile``, fullgraph, as
 ``--compile default``), ``graph`` (the whole step captured as one CUDA graph and replayed, as
-``--cuda-graph``; GPU only). Each mode's ratio is to FP32 in the same mode. ``--bf16`` adds FP32
+``--cuda-graph``; GPU only). Each mode's ratio is to FP32 in the same mode; with several modes the
+table has a column pair per mode (the JSON one row per variant and mode). ``--bf16`` adds FP32
 weights under bf16 autocast, the mixed-precision reference point.
 
 One training step (forward, backward, SGD update) of a CIFAR-size model on
@@ -129,9 +130,16 @@ def main(argv=None) -> int:
                      "ratio_to_config": 1 + (per_step - 1) / args.diagnose, "measured_step_ratio": per_step})
     print(f"{args.model} batch {args.batch} on {dev}, {torch.get_num_threads()} torch threads, "
           f"median of {args.steps} rounds")
-    print_table([("variant", "s"), ("step ms", ".1f"), ("x fp32", ".2f"), ("paired", ".2f"), ("CPU time", ".2f")],
-                [(r["variant"], r["step_ms"], r["ratio_to_fp32"], r.get("paired_ratio", float("nan")),
-                  r.get("cpu_ratio", float("nan"))) for r in rows])
+    if len(modes) == 1 or args.diagnose:  # --diagnose adds rows of its own: one row a variant and mode
+        print_table([("variant", "s"), ("step ms", ".1f"), ("x fp32", ".2f"), ("paired", ".2f"), ("CPU time", ".2f")],
+                    [(r["variant"], r["step_ms"], r["ratio_to_fp32"], r.get("paired_ratio", float("nan")),
+                      r.get("cpu_ratio", float("nan"))) for r in rows])
+    else:  # one column pair a mode: its step time and its ratio to FP32 in the same mode
+        by = {r["variant"]: r for r in rows}
+        cols = [("variant", "s")] + [c for m in modes for c in ((f"{m} ms", ".1f"), (f"{m} x fp32", ".2f"))]
+        print_table(cols, [(name, *[v for m in modes for v in (
+            by[name if m == "eager" else f"{name} [{m}]"]["step_ms"],
+            by[name if m == "eager" else f"{name} [{m}]"]["ratio_to_fp32"])]) for name in variants])
     meta = machine(model=args.model, batch=args.batch, device=str(dev), steps=args.steps,
                    threads=torch.get_num_threads())
     emit_json({"meta": meta, "results": rows}, args.json)
