@@ -256,3 +256,12 @@ def test_graphed_step_logic_on_the_cpu_gives_the_eager_weights(monkeypatch, comp
     assert step.captures == 3 == len(graphs)  # one per precision / momentum
     assert [gr.replays for gr in graphs] == [5, 5, 5]  # 8 batches: 2 warm-up, capture + 5 replays, 1 eager
     assert s0.state_dict() == s1.state_dict()
+
+
+def test_the_overhead_benchmark_refuses_graph_mode_without_a_gpu(monkeypatch):
+    from pathlib import Path
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import overhead
+    args = ["--model", "ResNet10", "--width", "4", "--batch", "2", "--steps", "1", "--configs", "any_FB16"]
+    with pytest.raises(SystemExit, match="graph not possible here"):
+        overhead.main([*args, "--modes", "eager,graph", "--device", "cpu"])
