@@ -31,7 +31,6 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from bfp import format_from_name  # noqa: E402
 from bfp.kernels.plan import canonical_4d, rule_for, tile_for  # noqa: E402
-from bfp.kernels.scalar import _tile_consts  # noqa: E402
 from bfp.kernels.triton_cuda import element as E  # noqa: E402
 
 from _harness import emit_json  # noqa: E402
@@ -72,10 +71,7 @@ def count(name: str, stats: bool = False, warps=None) -> dict:
     rule = rule_for(fmt)
     tile = tile_for(fmt, SHAPE)
     if tile is None:
-        qt, p2q, hi, lo = _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept,
-                                       rule.emaxq)
-        consts = dict(QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
-                      OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, STATS=stats, BLOCK=E.ELEMS, IDX64=False)
+        consts = dict(**E.rule_kwargs(rule), STATS=stats, BLOCK=E.ELEMS, IDX64=False)
         warps = 4 if warps is None else warps
         k = _compile(E._elementwise, {**PTRS, "n": "i64"}, consts, warps)
         per_program, kernel = E.ELEMS, "_elementwise"
@@ -133,9 +129,7 @@ def count_scaled(warps: int = 4) -> list[dict]:
     from bfp.kernels.triton_cuda import scaled as S
     fmt = format_from_name("float8_e4m3fn")
     rule = rule_for(fmt)
-    qt, p2q, hi, lo = S._consts(rule)
-    rc = dict(FMAX=fmt.max, POW2=False, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man,
-              FTZ=rule.ftz, OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, IDX64=False)
+    rc = dict(FMAX=fmt.max, POW2=False, **E.rule_kwargs(rule), IDX64=False)
     ptrs = {"x_ptr": "*fp32", "o_ptr": "*fp32", "keys_ptr": "*i64"}
     cases = [("fp8 tensorwise", "_scaled", S._scaled, {**ptrs, "amax_ptr": "*fp32", "n": "i32"},
               dict(BLOCK=S.ELEMS), S.ELEMS)]
@@ -210,9 +204,7 @@ def count_inplace(warps: int = 4) -> list[dict]:
     """The accumulators' fused ``s = fmt(s + t)`` (``triton_cuda/inplace.py``), float16 nearest."""
     from bfp.kernels.triton_cuda import inplace as Ip
     rule = rule_for(format_from_name("float16"))
-    qt, p2q, hi, lo = E._elementwise_consts(rule)
-    consts = dict(QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
-                  OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, BLOCK=E.ELEMS, IDX64=False)
+    consts = dict(**E.rule_kwargs(rule), BLOCK=E.ELEMS, IDX64=False)
     k = _compile(Ip._add_round, {"s_ptr": "*i32", "t_ptr": "*i32", "keys_ptr": "*i64", "n": "i32"}, consts, warps)
     ins, regs, spill = _sass(k)
     return [{"format": "float16 s += t", "kernel": "_add_round", "stats": False, "warps": warps, "sass": ins,

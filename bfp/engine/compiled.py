@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Optional
-
 import torch
 import torch.nn as nn
+
+from .step import measuring, quantized_layers
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
@@ -64,11 +64,10 @@ class Compiler:
             return module
         hit = self._wrapped.get(id(module))
         if hit is None or hit[0] is not module:
-            layers = [m for m in module.modules() if hasattr(m, "quantize_hook")]
             hit = (module, torch.compile(module, mode=None if self.mode == "default" else self.mode,
-                                         fullgraph=True), layers)
+                                         fullgraph=True), quantized_layers(module))
             self._wrapped[id(module)] = hit
-        if any(m.quantize_hook is not None for m in hit[2]):
+        if measuring(hit[2]):
             return module
         return hit[1]
 

@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from .step import PlainStep
+from .step import PlainStep, measuring, quantized_layers
 
 WARMUP = 3  # eager steps on a side stream before a capture (PyTorch's examples use 3 to 11)
 
@@ -94,11 +94,10 @@ class GraphedStep:
         if key != self._key:
             self.invalidate()
             self._key = key
-            self._layers = [m for m in model.modules() if hasattr(m, "quantize_hook")]
+            self._layers = quantized_layers(model)
             if amp.scaler.is_enabled():  # the step-or-skip decision and the scale's update on the device
                 amp.scaler.on_device(x.device)
-        if any(m.quantize_hook is not None for m in self._layers):
-            # a measured step (--do, --diagnose): Python hooks at the points, so this step runs eagerly
+        if measuring(self._layers):  # Python hooks at the points: this step runs eagerly
             return self.inner(model, x, y, criterion=criterion, optimizer=optimizer, amp=amp)
         device_lr(optimizer, x.device)  # a plan's new lr (a float) becomes a device tensor again
         constants = (tuple(id(m.precision) for m in self._layers), _hyperparameters(optimizer))

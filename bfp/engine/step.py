@@ -12,6 +12,17 @@ import torch
 import torch.nn as nn
 
 
+def quantized_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's quantized layers (those that take a ``quantize_hook``)."""
+    return [m for m in model.modules() if hasattr(m, "quantize_hook")]
+
+
+def measuring(layers: list[nn.Module]) -> bool:
+    """Whether this step is measured (``--do``, ``--diagnose``: a quantize hook on a layer calls
+    Python at every point), so it runs eagerly, neither compiled nor replayed from a CUDA graph."""
+    return any(m.quantize_hook is not None for m in layers)
+
+
 class PlainStep:
     """Single process: gradients of the whole batch, then one optimizer step."""
 

@@ -101,11 +101,6 @@ def backend_for(x: torch.Tensor, backend: Optional[str]) -> str:
     return backend
 
 
-def cpu_kernel(entry: str, x: torch.Tensor) -> Optional[Callable]:
-    """``entry``'s Numba kernel when ``x`` is a CPU tensor, else None (the caller's reference runs)."""
-    return kernel(entry, "cpu") if x.device.type == "cpu" else None
-
-
 def kernel_for(entry: str, x: torch.Tensor, backend: Optional[str] = None) -> Optional[Callable]:
     """``entry``'s kernel on ``backend`` (default: ``x``'s device's) where it can run ``x`` (Numba:
     CPU tensors; Triton: CUDA tensors, or CPU tensors under its interpreter), else None (the

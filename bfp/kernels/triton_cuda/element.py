@@ -206,9 +206,15 @@ def _rule_consts(rule) -> dict:
                 TOP=top, MB=py_ilog2(top) if top else 0, FTZ=ftz, OVF_INF=ovf_inf, INF_NAN=inf_nan)
 
 
-def _elementwise_consts(rule) -> tuple:
-    """The one tile's constants of an element-wise rule (scale 0), the host's."""
-    return _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept, rule.emaxq)
+@functools.lru_cache(maxsize=256)
+def rule_kwargs(rule) -> dict:
+    """An element-wise rule's constants as the kernels' keyword arguments (``QT`` ... ``INF_NAN``):
+    the one tile's constants (scale 0, the host's) and the rule's own; every element-wise launch
+    (this module's, scaled FP8's, the in-place roundings', NVFP4's two rules) takes them."""
+    qt, p2q, hi, lo = _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept,
+                                   rule.emaxq)
+    return dict(QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
+                OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan)
 
 
 def tile_config(shape4, tile4) -> dict:
@@ -237,10 +243,8 @@ def _plan(rule, n: int, shape4, tile4, stats: bool) -> tuple:
     everything but the tensors, computed once for a rule and shape (a training step repeats them)."""
     idx64 = n + 2 * ELEMS >= 2 ** 31  # flat offsets past int32 (with a block's overhang): int64 indices
     if shape4 is None:
-        qt, p2q, hi, lo = _elementwise_consts(rule)
-        return _elementwise, (_cdiv(n, ELEMS),), (n,), dict(
-            QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
-            OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, STATS=stats, BLOCK=ELEMS, IDX64=idx64)
+        return _elementwise, (_cdiv(n, ELEMS),), (n,), dict(**rule_kwargs(rule), STATS=stats, BLOCK=ELEMS,
+                                                             IDX64=idx64)
     cfg = tile_config(shape4, tile4)
     return (_big_tiles if cfg["big"] else _tiles), (_cdiv(cfg["n_tiles"], cfg["TPP"]),), \
         (*shape4, *cfg["counts"], cfg["n_tiles"]), dict(**cfg["consts"], **_rule_consts(rule), STATS=stats,

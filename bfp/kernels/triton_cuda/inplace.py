@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .element import ELEMS, _elementwise_consts, launch
+from .element import ELEMS, launch, rule_kwargs
 from .rule import quant_elem, rand32
 
 
@@ -39,8 +39,6 @@ def round_inplace(x: torch.Tensor, rule, keys) -> torch.Tensor:
 def add_round(s: torch.Tensor, t: torch.Tensor, rule, keys) -> torch.Tensor:
     """``s = rule(s + t)`` in place, contiguous float32 tensors of one shape."""
     n = s.numel()
-    qt, p2q, hi, lo = _elementwise_consts(rule)
-    _add_round[(-(-n // ELEMS),)](s, t, s if keys is None else keys, n, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind,
-                                  MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz, OVF_INF=rule.ovf_inf,
-                                  INF_NAN=rule.inf_nan, BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31)
+    _add_round[(-(-n // ELEMS),)](s, t, s if keys is None else keys, n, **rule_kwargs(rule), BLOCK=ELEMS,
+                                  IDX64=n + 2 * ELEMS >= 2 ** 31)
     return s

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..nvfp4_codes import E2M1, E4M3
 from ..plan import rule_for
-from ..scalar import _tile_consts
+from .element import rule_kwargs
 from .rule import EXP_INF, MAG, quant_elem, rand32
 
 ELEMS = 2048
@@ -167,10 +167,10 @@ def _quantize(x_ptr, o_ptr, keys_ptr, amax_ptr, B, R, C, Z, n_tile_rows, n_tile_
 
 @functools.lru_cache(maxsize=16)
 def _consts(fmt_rule) -> tuple:
-    """(qt, p2q, hi, lo, kind, man, ftz, ovf_inf, inf_nan) of an element-wise rule."""
-    qt, p2q, hi, lo = _tile_consts(0, fmt_rule.kind, 0, 0, fmt_rule.qoff, fmt_rule.lim, fmt_rule.emin, fmt_rule.man,
-                                   fmt_rule.maxkept, fmt_rule.emaxq)
-    return (qt, p2q, hi, lo, fmt_rule.kind, fmt_rule.man, fmt_rule.ftz, fmt_rule.ovf_inf, fmt_rule.inf_nan)
+    """(qt, p2q, hi, lo, kind, man, ftz, ovf_inf, inf_nan) of an element-wise rule: ``rule_kwargs``
+    as the tuple ``_round`` takes (a constexpr tuple, one argument for each of NVFP4's two rules)."""
+    k = rule_kwargs(fmt_rule)
+    return tuple(k[c] for c in ("QT", "P2Q", "HI", "LO", "KIND", "MAN", "FTZ", "OVF_INF", "INF_NAN"))
 
 
 def _pow2(v: int) -> int:

@@ -19,14 +19,13 @@ twice in chunks (amax, then rounding).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from ..scalar import _tile_consts
+from .element import rule_kwargs
 from .nvfp4 import ELEMS, _clamp, _f32, tensor_amax
 from .rule import EXP_INF, MAG, quant_elem, rand32
 
@@ -123,11 +122,6 @@ def _long_rows(x_ptr, o_ptr, keys_ptr, C, Z, CHUNK: tl.constexpr, FMAX: tl.const
         tl.store(o_ptr + offs, out, mask=msk)
 
 
-@functools.lru_cache(maxsize=64)
-def _consts(rule) -> tuple:
-    return _tile_consts(0, rule.kind, 0, 0, rule.qoff, rule.lim, rule.emin, rule.man, rule.maxkept, rule.emaxq)
-
-
 def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of contiguous float32 ``x32`` as a 0-dim float32 device tensor."""
     return tensor_amax(x32).view(torch.float32)
@@ -140,11 +134,9 @@ def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_ama
     top = amax(x32) if given_amax is None else given_amax.to(device=x32.device, dtype=torch.float32).reshape(())
     out = torch.empty_like(x32)
     n = x32.numel()
-    qt, p2q, hi, lo = _consts(rule)
-    _scaled[(-(-n // ELEMS),)](x32, out, x32 if keys is None else keys, top, n, FMAX=fmax, POW2=pow2, QT=qt, P2Q=p2q,
-                               HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man, FTZ=rule.ftz,
-                               OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, BLOCK=ELEMS,
-                               IDX64=n + 2 * ELEMS >= 2 ** 31, enable_fp_fusion=False)
+    _scaled[(-(-n // ELEMS),)](x32, out, x32 if keys is None else keys, top, n, FMAX=fmax, POW2=pow2,
+                               **rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31,
+                               enable_fp_fusion=False)
     return out
 
 
@@ -156,9 +148,7 @@ def rowwise(x32: torch.Tensor, axis: int, fmax: float, pow2: bool, rule, keys) -
     Z = math.prod(x32.shape[axis + 1:])
     R = x32.numel() // C
     out = torch.empty_like(x32)
-    qt, p2q, hi, lo = _consts(rule)
-    consts = dict(FMAX=fmax, POW2=pow2, QT=qt, P2Q=p2q, HI=hi, LO=lo, KIND=rule.kind, MODE=rule.mode, MAN=rule.man,
-                  FTZ=rule.ftz, OVF_INF=rule.ovf_inf, INF_NAN=rule.inf_nan, IDX64=2 * x32.numel() + 2 * ELEMS >= 2 ** 31)
+    consts = dict(FMAX=fmax, POW2=pow2, **rule_kwargs(rule), IDX64=2 * x32.numel() + 2 * ELEMS >= 2 ** 31)
     keys = x32 if keys is None else keys
     if C <= MAX_ROW:
         pt = 1 << max(C - 1, 0).bit_length()
