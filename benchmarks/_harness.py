@@ -121,3 +121,20 @@ def emit_json(record: Mapping[str, Any], path: Optional[str | Path] = None) -> N
     print(json.dumps(record))
     if path:
         Path(path).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def host_us(fn: Callable[[], Any], reps: int, sync: Callable[[], Any] = lambda: None) -> float:
+    """Median microseconds of host time per ``fn()`` over ``reps`` calls in 7 rounds, after 50
+    untimed calls; ``sync`` (``torch.cuda.synchronize`` on a GPU) runs between rounds, never
+    inside one, so queued device work does not count."""
+    for _ in range(50):
+        fn()
+    sync()
+    rounds = []
+    for _ in range(7):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        rounds.append((time.perf_counter() - t) / reps * 1e6)
+        sync()
+    return statistics.median(rounds)

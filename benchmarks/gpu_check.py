@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import bfp
-from _harness import emit_json
+from _harness import emit_json, host_us
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("fb12", "fb16", "float8_e4m3fn", "mxfp8_e4m3", "nvfp4")
@@ -72,19 +72,7 @@ def host_time(device: str, reps: int) -> dict:
     out = {}
     for name, fn in [("clone", lambda: x.clone())] + [
             (n, (lambda f: lambda: bfp.quantize(x, f))(bfp.format_from_name(n))) for n in FORMATS]:
-        for _ in range(20):
-            fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = []
-        for _ in range(5):
-            s = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            t.append((time.perf_counter() - s) / reps * 1e6)
-            if device == "cuda":
-                torch.cuda.synchronize()
-        out[name] = statistics.median(t)
+        out[name] = host_us(fn, reps, torch.cuda.synchronize if device == "cuda" else (lambda: None))
     return out
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # CPU tensors reach the Triton path; the launch is stubbed
 
@@ -29,7 +27,7 @@ import bfp  # noqa: E402
 from bfp.kernels.dispatch import format_json, quantize_format  # noqa: E402
 from bfp.kernels.triton_cuda import element  # noqa: E402
 
-from _harness import emit_json, machine  # noqa: E402
+from _harness import emit_json, host_us, machine  # noqa: E402
 
 FORMATS = ("fb16", "fb12", "float8_e4m3fn", "mxfp8_e4m3", "bfloat16")
 SHAPE = (64, 64, 3, 3)
@@ -42,19 +40,6 @@ class _Stub:
         return lambda *args, **kwargs: None
 
 
-def _time(fn, reps: int) -> float:
-    """Median microseconds of ``fn()`` over ``reps`` calls in 7 rounds."""
-    for _ in range(50):
-        fn()
-    rounds = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        rounds.append((time.perf_counter() - t) / reps * 1e6)
-    return statistics.median(rounds)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the rows here too")
@@ -64,13 +49,13 @@ def main(argv=None) -> int:
     for name in ("_elementwise", "_tiles", "_big_tiles"):
         setattr(element, name, _Stub())
     x = torch.randn(SHAPE)
-    clone = _time(lambda: x.clone(), args.reps)
+    clone = host_us(lambda: x.clone(), args.reps)
     rows = []
     for name in FORMATS:
         fmt = bfp.format_from_name(name)
-        call = _time(lambda: bfp.quantize(x, fmt, backend="triton"), args.reps)
+        call = host_us(lambda: bfp.quantize(x, fmt, backend="triton"), args.reps)
         text = format_json(fmt)
-        op = _time(lambda: quantize_format(x, text, None, False, "triton"), args.reps)
+        op = host_us(lambda: quantize_format(x, text, None, False, "triton"), args.reps)
         rows.append({"format": name, "quantize_us": round(call, 2), "op_us": round(op, 2),
                      "over_clone": round(call / clone, 2)})
     meta = machine(shape=SHAPE)
