@@ -90,11 +90,11 @@ def test_unpacked_once_and_a_killed_or_foreign_folder_is_never_reused(tmp_path):
     assert marker["members"] == 2 and len(marker["sha256"]) == 64
     (out / "train/c/0.jpg").write_bytes(b"kept")  # a second call reuses the folder (marker matches)
     assert unpack(arc, dest) == out and (out / "train/c/0.jpg").read_bytes() == b"kept"
-    (dest / ".top.partial-999").mkdir()  # what a kill during unpacking leaves: removed, never used
+    (dest / ".top.partial-999999999").mkdir()  # what a kill during unpacking leaves: removed, never used
     (out / MARKER).unlink()  # a folder not (completely) unpacked from this archive: refused
     with pytest.raises(ArchiveError, match="exists but was not unpacked from this archive"):
         unpack(arc, dest)
-    assert not (dest / ".top.partial-999").exists()
+    assert not (dest / ".top.partial-999999999").exists()
     other = _archive(tmp_path / "e.tar.gz", [("top/train/c/0.jpg", b"other")])
     (out / MARKER).write_text(json.dumps(marker))
     with pytest.raises(ArchiveError, match="not unpacked from this archive"):

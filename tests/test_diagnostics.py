@@ -81,6 +81,23 @@ def test_mode_diagnose_on_a_saved_run_prints_a_table_and_draws_a_heat_map(tiny_a
     out = capsys.readouterr().out
     assert "worst first" in out and "layer1.0.conv1" in out
     assert (run / "diagnose.png").stat().st_size > 1000
+    # a second diagnose never replaces the plot without --overwrite True (issue 53, item 2)
+    (run / "diagnose.png").write_bytes(b"kept")
+    assert main(tiny_args("--mode", "diagnose", "--resume", str(run))) == 2
+    assert "diagnose.png exists; pass --overwrite True" in capsys.readouterr().err
+    assert (run / "diagnose.png").read_bytes() == b"kept"
+    assert main(tiny_args("--mode", "diagnose", "--resume", str(run), "--overwrite", "True")) == 0
+    assert (run / "diagnose.png").stat().st_size > 1000
+
+
+def test_mode_diagnose_and_sweep_keep_an_existing_plot_in_the_working_folder(tiny_args, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for mode, name in (("diagnose", "diagnose.png"), ("sweep", "sweep.png")):
+        (tmp_path / name).write_bytes(b"kept")
+        assert main(tiny_args("--mode", mode, "--bfp", "ResNet18_FB12")) == 2
+        assert f"{name} exists; pass --overwrite True" in capsys.readouterr().err
+        assert (tmp_path / name).read_bytes() == b"kept"
 
 
 def test_mode_diagnose_without_a_config_says_what_it_needs(tiny_args, capsys):

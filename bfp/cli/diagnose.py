@@ -50,20 +50,26 @@ def _draw(draw, png: Path, out) -> None:
 
 
 def _png(args: argparse.Namespace, run_dir, name: str) -> Path:
-    return Path(args.diagnose_out) if args.diagnose_out else (run_dir or Path(".")) / name
+    """Where the plot goes; an existing file is refused unless ``--overwrite True`` (checked before
+    anything is measured, so nothing already saved is replaced without a word)."""
+    png = Path(args.diagnose_out) if args.diagnose_out else (run_dir or Path(".")) / name
+    if png.exists() and not args.overwrite:
+        raise UsageError(f"{png} exists; pass --overwrite True to replace it, or --diagnose-out PATH")
+    return png
 
 
 def diagnose(spec: RunSpec, stream=None) -> list[dict]:
     out, args = stream or sys.stdout, spec.args
     with cpu_threads(args.threads):
         model, x, y, where, run_dir = _load(spec)
+        png = _png(args, run_dir, "diagnose.png")
         rows = measure_step(model, x, y)
     if not rows:
         raise UsageError("no quantization point is active in this model's config")
     print(f"diagnose {where}: one training batch of {len(x)}, worst first", file=out)
     print(table(rows), file=out)
     _draw(lambda png: heatmap(rows, png, title=f"SQNR (dB) per layer and point: {where}"),
-          _png(args, run_dir, "diagnose.png"), out)
+          png, out)
     return rows
 
 
@@ -78,6 +84,7 @@ def sweep_mode(spec: RunSpec, stream=None) -> list[dict]:
                          f"{', '.join(SWEEP_FAMILIES)}")
     with cpu_threads(args.threads):
         model, x, y, where, run_dir = _load(spec)
+        png = _png(args, run_dir, "sweep.png")
         rows = sweep(capture_step(model, x, y), families)
     print(f"sweep {where}: SQNR (dB) of one training batch's tensors per point", file=out)
     points = list(dict.fromkeys(r["point"] for r in rows))
@@ -86,6 +93,5 @@ def sweep_mode(spec: RunSpec, stream=None) -> list[dict]:
         for b in sorted({r["bits"] for r in rows}):
             vals = {r["point"]: r["sqnr_db"] for r in rows if r["family"] == fam and r["bits"] == b}
             print(f"{'':<6} {b:>4} " + " ".join(f"{vals[p]:>6.1f}" for p in points), file=out)
-    _draw(lambda png: sweep_plot(rows, png, title=f"SQNR against bits: {where}"), _png(args, run_dir, "sweep.png"),
-          out)
+    _draw(lambda png: sweep_plot(rows, png, title=f"SQNR against bits: {where}"), png, out)
     return rows

@@ -201,7 +201,8 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--progress", **b, default=True, help="tqdm progress bar")
     g.add_argument("--config-out", default=None,
                    help="generate-config: output path (default conf_net/<model>_generated.json)")
-    g.add_argument("--overwrite", **b, default=False, help="generate-config: replace an existing file")
+    g.add_argument("--overwrite", **b, default=False,
+                   help="generate-config, diagnose, sweep: replace an existing file (the config or the plot)")
 
     g = p.add_argument_group("slack")
     g.add_argument("--slackbot", **b, default=False,

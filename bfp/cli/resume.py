@@ -35,7 +35,7 @@ RESUME_OVERRIDES = {"num_workers", "device", "log", "save", "save_interval",
                     "slackbot", "slack_channel", "slack_base_url", "progress", "batch_size_test",
                     "histograms", "resume", "do_color", "dataset_path", "mode", "resume_allow_data_change",
                     "evaluate", "print_freq", "grad_histogram", "diagnose", "diagnose_out", "sweep_family",
-                    "sample_chars", "shadow"}
+                    "sample_chars", "shadow", "overwrite"}
 # Names under which checkpoints written before the rename saved two flags.
 _OLD_DESTS = {"bfp": "network_config", "precision": "compute_dtype"}
 # What runs did before a flag existed, where that is not the flag's default in every script.

@@ -12,8 +12,8 @@ Files are written by this module from the member's data, never by ``tarfile``'s 
 
 The archive is unpacked into a temporary sibling folder and renamed into place only when every
 member is written, with a marker (``.bfp-unpacked.json``: the archive's size and SHA-256, the
-member count) inside, so a kill leaves nothing that looks usable: a leftover temporary folder is
-removed at the next call, and a folder without a matching marker is refused, never reused.
+member count) inside, so a kill leaves nothing that looks usable: a leftover temporary folder
+(``.TOP.partial-PID``, named literally, of a process that is gone) is removed at the next call, and a folder without a matching marker is refused, never reused.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-__all__ = ["ArchiveError", "unpack", "check_members", "MARKER"]
+__all__ = ["ArchiveError", "unpack", "check_members", "MARKER", "remove_dead_partials"]
 
 MARKER = ".bfp-unpacked.json"
 CACHE_DIR = ".bfp-cache"
@@ -34,6 +34,36 @@ _BAD_CHARS = set("\\\0") | {chr(c) for c in range(32)}
 
 class ArchiveError(ValueError):
     """An archive that cannot be (safely) unpacked; the message names it."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` may still run (a process we may not signal counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_dead_partials(folder: Path, name: str) -> list[Path]:
+    """Remove the temporary folders ``folder/.NAME.partial-PID`` that a killed run of this module
+    left: ``name`` is compared literally, character for character (never as a pattern: a folder named
+    ``*`` matches only ``.*.partial-PID``), PID must be all digits, and a folder whose process may
+    still run is kept. Returns what was removed."""
+    prefix, gone = f".{name}.partial-", []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # no such folder, or not a folder: nothing of ours is there
+        return gone
+    for e in entries:
+        pid = e.name[len(prefix):]
+        if e.name.startswith(prefix) and pid.isdigit() and pid.isascii() and \
+                e.is_dir(follow_symlinks=False) and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(e.path, ignore_errors=True)
+            gone.append(Path(e.path))
+    return gone
 
 
 def _sha256(path: Path) -> str:
@@ -106,8 +136,7 @@ def unpack(archive: Path, extract_to: Path) -> Path:
         with tarfile.open(archive) as tar:
             top, members = check_members(tar, where)
             target = extract_to / top
-            for stale in extract_to.glob(f".{top}.partial-*") if extract_to.is_dir() else ():
-                shutil.rmtree(stale, ignore_errors=True)  # a killed earlier unpacking
+            remove_dead_partials(extract_to, top)  # a killed earlier unpacking
             want = _marker(archive, len(members))
             if target.exists():
                 try:

@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image
 
-from .archives import ArchiveError, check_members
+from .archives import ArchiveError, check_members, remove_dead_partials
 
 __all__ = ["prepare_cifar10", "CIFAR10_CLASSES"]
 
@@ -164,18 +164,6 @@ def _check_stream(source: Path) -> None:
                            f"again") from None
 
 
-def _remove_stale(out: Path) -> None:
-    """Temporary folders of a killed ``prepare`` (``.OUT.partial-PID`` whose process is gone)."""
-    for tmp in out.parent.glob(f".{out.name}.partial-*") if out.parent.is_dir() else ():
-        pid = tmp.name.rpartition("-")[2]
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, OSError):
-            continue
-
-
 def _batches(members: list[tarfile.TarInfo], top: str, where: str) -> dict[str, tarfile.TarInfo]:
     """The batch members by name: only the files directly in the top folder (or at the root); a name
     there twice is refused (one copy would silently replace the other)."""
@@ -196,7 +184,7 @@ def prepare_cifar10(source: Path, out: Path, progress: bool = True) -> dict[str,
     source, out = Path(source), Path(out)
     if out.exists():
         raise ArchiveError(f"output folder {str(out)!r} exists; remove it or give another folder")
-    _remove_stale(out)
+    remove_dead_partials(out.parent, out.name)
     try:
         _check_stream(source)
         tar = tarfile.open(source)
