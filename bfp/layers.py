@@ -263,6 +263,24 @@ def quantized_twin(module: nn.Module) -> Optional[type]:
 QUANTIZED_TYPES = {f: q for f, q in CONVERTIBLE.items() if f is not Matmul}
 
 
+MEASURE_HOOK = "_bfp_measures"  # set on a forward hook that measures (grad histograms, shadow diagnostics)
+
+
+def measuring_hook(fn: Callable) -> Callable:
+    """``fn`` (a function or a bound method) as a forward hook marked as one that measures: a step
+    with it armed runs eagerly (``measured_by_hooks``)."""
+    def hook(*args, **kwargs):
+        return fn(*args, **kwargs)
+    setattr(hook, MEASURE_HOOK, True)
+    return hook
+
+
+def measured_by_hooks(model: nn.Module) -> bool:
+    """Whether a measuring forward hook (``measuring_hook``) is armed on ``model`` or a submodule."""
+    return any(getattr(h, MEASURE_HOOK, False) for m in model.modules()
+               for hooks in (m._forward_hooks, m._forward_pre_hooks) if hooks for h in hooks.values())
+
+
 def chain_quantize_hooks(layers: Mapping[str, nn.Module], make: Callable[[str, Any], Any]) -> dict[str, Any]:
     """Give each layer of ``layers`` the quantize hook ``make(name, previous)`` (``previous``: the hook it
     had, for the new one to call on); returns the previous hooks, for ``restore_quantize_hooks``."""

@@ -3,6 +3,8 @@ compile with ``fullgraph=True`` under Inductor on the CPU, their graphs read not
 host, ``--compile`` trains the digits job to within half a point of eager, and is recorded and
 honoured on resume."""
 import copy
+import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,18 @@ def test_the_compiler_wraps_once_per_module_and_resets():
     c.reset()
     assert c(m) is not first  # a precision change: traced anew
     assert Compiler("none")(m) is m
+    # a precision set on a layer (as --do's decisions do) drops the graphs once; a measuring hook runs eagerly
+    q = bfp.convert(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)), "any_FB16")
+    q = q[1:2]  # the quantized middle layer (@first and @last stay FP32)
+    c = Compiler("default")
+    assert c(q) is not q and c(q) is c(q) and c.resets == 0
+    q[0].set_format("fw", "fb12")
+    assert c(q) is not q and c.resets == 1 and c(q) is not q and c.resets == 1
+    from bfp.layers import measuring_hook
+    h = q[0].register_forward_hook(measuring_hook(lambda *a: None))
+    assert c(q) is q and c.calls["eager"] == 1
+    h.remove()
+    assert c(q) is not q and c.runner(q) is c.runner(q) and c.runner(q).model is q
     with pytest.raises(ValueError, match="allowed: none, default, reduce-overhead, max-autotune"):
         Compiler("fast")
 
@@ -155,8 +169,35 @@ def test_do_measures_eagerly_under_compile_and_lm_py_compiles(tmp_path, tiny_arg
     assert main(tiny_args("--bfp", "any_FB16", "--do", "Simple/0.6/0.8/0/1", "--do-every", "1", "--compile",
                           "default", "--training-epochs", "1")) == 0
     assert "dynamic precision decision 0" in capsys.readouterr().out
+    # issue 53, items 3-4: the choice is made at every step (an epoch that starts on a measured step
+    # still compiles the others), over several epochs of decisions every 2 steps (no recompile limit),
+    # with --diagnose, --shadow and --grad-histogram measuring eagerly and writing what they measure
+    assert main(tiny_args("--bfp", "any_FB16", "--do", "Simple/0.6/0.8/0/1", "--do-every", "2", "--compile",
+                          "default", "--training-epochs", "3", "--diagnose", "3", "--shadow", "True",
+                          "--grad-histogram", "3", "--log", "True", "--run-name", "m", train_images=128)) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("--compile default:")][0]
+    compiled, eager = (int(w) for w in re.findall(r"(\d+) (?:forward calls ran compiled|eagerly)", line))
+    assert compiled >= 1 and eager >= 1, line
+    run = tmp_path / "runs" / "m"
+    assert {int(r["step"]) for r in csv.DictReader(open(run / "diagnostics.csv"))} == {3, 6, 9, 12}
+    assert (run / "shadow.csv").stat().st_size > 100
+    assert sorted(p.name for p in (run / "grad_histograms").iterdir()) == [f"epoch_00{i}.png" for i in (1, 2, 3)]
     assert run_task("lm", ["--model-opt", "dim=32", "--model-opt", "depth=1", "--model-opt", "heads=2",
                            "--block-size", "16", "--batch-size-train", "16", "--batch-size-test", "32",
                            "--threads", "1", "--progress", "False", "--sample-chars", "8", "--bfp", "any_fp8_e4m3",
                            "--training-epochs", "1", "--limit-train-images", "32", "--limit-test-images", "16",
                            "--compile", "default", "--device", "cpu", "--run-dir", str(tmp_path / "lm")]) == 0
+
+
+def test_compile_under_ddp_and_emulated_workers_runs_the_model_compiled_inside(tiny_args, tmp_path, capsys):
+    """Issue 53, item 5: under torchrun the model is compiled inside DDP (DDP's Python hooks stay
+    eager), and --emulate-node compiles each micro-batch's forward; both train compiled steps."""
+    import json
+    from test_distributed import launch
+    from bfp.cli import cifar as main
+    argv = tiny_args("--bfp", "any_FB16", "--compile", "default", "--training-epochs", "1", "--run-name", "ddp")
+    out = launch(["cifar", json.dumps([argv])], timeout=400)[0]
+    assert re.search(r"--compile default: [1-9]\d* forward calls ran compiled", out), out[-2000:]
+    assert main(tiny_args("--bfp", "any_FB16", "--compile", "default", "--training-epochs", "1",
+                          "--emulate-node", "2", "--run-name", "emu")) == 0
+    assert re.search(r"--compile default: [1-9]\d* forward calls ran compiled", capsys.readouterr().out)

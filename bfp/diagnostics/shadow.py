@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..layers import measuring_hook
 from ..precision import LayerPrecision
 from .points import _Q_TYPES
 
@@ -65,7 +66,7 @@ class _Recorder:
                 self.out[name] = output.detach().float().clone()
                 if output.requires_grad:
                     output.register_hook(keep_grad)
-        return hook
+        return measuring_hook(hook)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -85,7 +86,7 @@ class Shadow:
         self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.rec = _Recorder(_layers(model))
         self.batch: dict[str, Any] = {}
-        self._pre = model.register_forward_pre_hook(self._input)
+        self._pre = model.register_forward_pre_hook(measuring_hook(self._input))
 
         def recording(out, y):
             self.batch["y"] = y.detach()

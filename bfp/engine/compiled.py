@@ -20,10 +20,21 @@ through Inductor's random-number path, so the draws themselves differ. Dynamo ca
 ``torch.Generator`` given to a layer (``layer.generator``): such a model does not compile with
 ``fullgraph``.
 
-A step on which ``--do`` or ``--diagnose`` measures (a quantize hook on a layer: Python at every
-point) runs eagerly. A precision change (``--do``, a ``-tc`` schedule, a resume's restored
-precision) changes the modules the graph was traced from: ``Compiler.reset`` drops every compiled graph so the next step
-traces the new precision (torch's guards would catch it too, after up to eight recompilations).
+The choice between the compiled graph and eager is made at every call, not once an epoch: a step on
+which ``--do``, ``--diagnose``, ``--shadow`` or ``--grad-histogram`` measures (a quantize hook or a
+measuring forward hook on a layer: Python at every point) runs eagerly, and every other step runs
+compiled. A precision change (``--do``'s decisions, a ``-tc`` schedule, a resume's restored precision)
+is seen at the next call by comparing every quantized layer's ``precision`` object with the one the
+graph was traced from: the graphs are dropped (``torch._dynamo.reset``) and the new precision traced
+once. So a run compiles once per distinct precision it trains in, however many it visits, and never
+hits dynamo's recompile limit (the formats are compile-time constants of the graph, which is what
+lets Inductor see them as constants of the custom ops; a format as a graph input would make every
+rule a runtime branch).
+
+**Distributed.** ``Compiler.runner(model)`` is a module whose forward calls ``Compiler(model)``: the
+strategies wrap it (DDP around it, as PyTorch documents for compiled modules inside DDP: DDP's own
+Python hooks stay eager, the model's forward and backward are one graph each), so the same DDP
+wrapper serves compiled and measured steps alike. ``--emulate-node`` runs it per micro-batch.
 
 **Determinism.** ``deterministic()`` (a context) sets ``torch.use_deterministic_algorithms(True)``, cuDNN's
 deterministic algorithms (and benchmark off) and cuBLAS's fixed workspace
@@ -35,9 +46,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Optional
+
 import torch
 import torch.nn as nn
 
+from ..layers import measured_by_hooks
 from .step import measuring, quantized_layers
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
@@ -55,11 +69,15 @@ class Compiler:
     def __init__(self, mode: str = "none"):
         self.mode = check_compile_mode(mode)
         self._wrapped: dict[int, tuple[nn.Module, nn.Module, list]] = {}
+        self._runners: dict[int, nn.Module] = {}
+        self._traced: Optional[list] = None  # every quantized layer's precision the graphs were traced from
+        self.resets = 0  # graphs dropped for a precision change
+        self.calls = {"compiled": 0, "eager": 0}  # modules handed out, by kind
 
     def __call__(self, module: nn.Module) -> nn.Module:
         """``module`` compiled (``torch.compile``, ``fullgraph=True``), or ``module`` itself for
-        ``none`` and while a layer has a quantize hook (a step ``--do`` or ``--diagnose`` measures
-        calls Python at every point: that step runs eagerly)."""
+        ``none`` and while this step is measured (module docstring); graphs of another precision are
+        dropped first."""
         if self.mode == "none":
             return module
         hit = self._wrapped.get(id(module))
@@ -67,15 +85,50 @@ class Compiler:
             hit = (module, torch.compile(module, mode=None if self.mode == "default" else self.mode,
                                          fullgraph=True), quantized_layers(module))
             self._wrapped[id(module)] = hit
-        if measuring(hit[2]):
+        if measuring(hit[2]) or measured_by_hooks(module):
+            self.calls["eager"] += 1
             return module
+        now = [m.precision for m in hit[2]]
+        if self._traced is not None and len(now) == len(self._traced) and \
+                any(a is not b for a, b in zip(now, self._traced)):
+            self._drop_graphs()
+        self._traced = now
+        self.calls["compiled"] += 1
         return hit[1]
+
+    def runner(self, module: nn.Module) -> nn.Module:
+        """A module whose forward runs ``self(module)`` at every call (``module`` itself for
+        ``none``): what a distributed strategy wraps, one per module."""
+        if self.mode == "none":
+            return module
+        run = self._runners.get(id(module))
+        if run is None or run.model is not module:
+            run = self._runners[id(module)] = _Runner(module, self)
+        return run
+
+    def _drop_graphs(self) -> None:
+        torch._dynamo.reset()
+        self.resets += 1
 
     def reset(self) -> None:
         """Forget every compiled graph (the model's precision changed)."""
         if self.mode != "none" and self._wrapped:
             self._wrapped.clear()
-            torch._dynamo.reset()
+            self._traced = None
+            self._drop_graphs()
+
+
+class _Runner(nn.Module):
+    """``model`` as a submodule (its parameters and state are the runner's), forward through the
+    compiler: compiled, or eager on measured steps."""
+
+    def __init__(self, model: nn.Module, compiler: Compiler):
+        super().__init__()
+        self.model = model
+        object.__setattr__(self, "_compiler", compiler)  # not a submodule: no second path to the weights
+
+    def forward(self, *args, **kwargs):
+        return self._compiler(self.model)(*args, **kwargs)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,7 @@ import torch.nn as nn
 
 from ..conversion import short_format
 from ..formats import Format
-from ..layers import CONVERTIBLE, QUANTIZED_TYPES
+from ..layers import CONVERTIBLE, QUANTIZED_TYPES, measuring_hook
 from .callbacks import Callback
 
 LO, HI = -48, 24          # exponent bins; values below 2^LO / above 2^(HI+1) land in the end bins
@@ -102,7 +102,7 @@ class GradHistogram(Callback):
         def hook(module, inputs, out):
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.register_hook(lambda g: self._pending.setdefault(name, []).append(exponent_counts(g)))
-        return hook
+        return measuring_hook(hook)  # a sampled step runs eagerly under --compile
 
     def _disarm(self) -> None:
         for h in self._handles:

@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 
 
+
+
 def quantized_layers(model: nn.Module) -> list[nn.Module]:
     """The model's quantized layers (those that take a ``quantize_hook``)."""
     return [m for m in model.modules() if hasattr(m, "quantize_hook")]

@@ -232,6 +232,10 @@ class Trainer:
                 if self.cfg.max_steps and self.global_step >= self.cfg.max_steps:
                     self.log(f"reached {self.cfg.max_steps} steps (`max_steps`): the run ends after epoch {epoch + 1}")
                     break
+            if self.compiled.mode != "none":
+                c = self.compiled
+                self.log(f"--compile {c.mode}: {c.calls['compiled']} forward calls ran compiled, {c.calls['eager']} "
+                         f"eagerly (steps that were measured); graphs dropped for a precision change: {c.resets}")
             self.callbacks.call("on_train_end", self)
         except BaseException as e:
             self.callbacks.call("on_exception", self, e)
@@ -269,7 +273,7 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         self.model.train()  # evaluate() left it in eval mode
-        model = self.compiled(self.step.prepare(self.model))
+        model = self.step.prepare(self.compiled.runner(self.model))  # compiled or eager: chosen each step
         loader = self.data.train
         n_seen, n_items, loss_sum = 0, 0, torch.zeros((), device=self.device)
         correct = torch.zeros(2, dtype=torch.long, device=self.device)
