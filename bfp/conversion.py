@@ -22,7 +22,7 @@ import torch.nn as nn
 from . import layers as L
 from .attention import MultiheadAttention
 from .coverage import Coverage, coverage_of
-from .routes import route
+from .routes import route, watch_children
 from .trace import describe_input, filter_of, trace_gemms, type_name_of
 from .config import (CONVERTIBLE_TYPES, LEGACY_PREFIX, ConfigError, ConfigLike, NetConfig, Rule, adapt_names,
                      legacy_dict, legacy_entry, load_config)
@@ -157,6 +157,7 @@ def convert(model: nn.Module, config: ConfigLike, example_input: Any = None, *,
     if trace is not None:
         model.__dict__[_TRACE] = trace
         model.__dict__[COVERAGE] = cov
+        watch_children(model)  # swapped children of routed modules get their depth hooks
     return model
 
 

@@ -27,14 +27,13 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from torch import Tensor
-from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 
 from .attention import products
 from .layers import Matmul
 from .trace import MATMUL_FUNCS, SDPA, GemmTrace
 
-__all__ = ["route", "ROUTED"]
+__all__ = ["route", "watch_children", "ROUTED"]
 
 ROUTED = "_bfp_routes"  # the attribute that marks a routed module: its stack of active routes
 
@@ -45,26 +44,12 @@ class _Route(TorchFunctionMode):
     def __init__(self, owner: nn.Module):
         super().__init__()
         self.owner, self.depth, self.counts = owner, 0, {"sdpa": 0, "matmul": 0}
-        self._handles = []
 
-    def __enter__(self):
-        if self.owner._bfp_products["matmul"]:  # children's own products are theirs: count the depth
-            self._handles = [module_hooks.register_module_forward_pre_hook(self._down),
-                             module_hooks.register_module_forward_hook(self._up, always_call=True)]
-        return super().__enter__()
+    def enter_child(self) -> None:
+        self.depth += 1
 
-    def __exit__(self, *exc):
-        for h in self._handles:
-            h.remove()
-        return super().__exit__(*exc)
-
-    def _down(self, module, args):
-        if module is not self.owner:
-            self.depth += 1
-
-    def _up(self, module, args, output):
-        if module is not self.owner:
-            self.depth -= 1
+    def leave_child(self) -> None:
+        self.depth -= 1
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -112,6 +97,39 @@ def _leave(module: nn.Module, args, output) -> None:
     getattr(module, ROUTED).pop().__exit__(None, None, None)
 
 
+_DEPTH_OWNER = "_bfp_depth_owner"  # marks a child's depth hook with the routed module it counts for
+
+
+def _count_depth(owner: nn.Module, child: nn.Module) -> None:
+    """Hooks on a direct child of ``owner``: while the child runs, ``owner``'s active route lets every
+    call through (the child's own products are its own; under torch.compile a child's autograd.Function
+    traces its backward, products included, inside the child's forward). Module hooks, not global
+    ones: dynamo traces these."""
+    def down(module, args):
+        routes = getattr(owner, ROUTED)
+        if routes:
+            routes[-1].enter_child()
+
+    def up(module, args, output):
+        routes = getattr(owner, ROUTED)
+        if routes:
+            routes[-1].leave_child()
+    setattr(down, _DEPTH_OWNER, owner)
+    child.register_forward_pre_hook(down)
+    child.register_forward_hook(up, always_call=True)
+
+
+def watch_children(model: nn.Module) -> nn.Module:
+    """Depth hooks (``_count_depth``) on every direct child of every routed module of ``model`` that lacks
+    them: called after each conversion, which may have swapped a child for its quantized twin."""
+    for owner in model.modules():
+        if hasattr(owner, ROUTED):
+            for child in owner.children():
+                if not any(getattr(h, _DEPTH_OWNER, None) is owner for h in child._forward_pre_hooks.values()):
+                    _count_depth(owner, child)
+    return model
+
+
 def route(model: nn.Module, trace: GemmTrace) -> nn.Module:
     """Give every module of ``model`` whose own forward the trace saw call SDPA or a matmul its
     named products, and route the calls through them (module docstring). Returns ``model``."""
@@ -133,4 +151,4 @@ def route(model: nn.Module, trace: GemmTrace) -> nn.Module:
         setattr(module, ROUTED, [])
         module.register_forward_pre_hook(_enter)
         module.register_forward_hook(_leave, always_call=True)
-    return model
+    return watch_children(model)
