@@ -111,6 +111,10 @@ def convert(model: nn.Module, config: ConfigLike, example_input: Any = None, *,
     cfg = load_config(config)
     if not isinstance(model, nn.Module):
         raise ValueError(f"convert needs an nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        raise ValueError("convert needs the model itself, not torch.compile's wrapper of it (its graphs were traced "
+                         "from the FP32 layers): convert first, then compile: model = torch.compile(bfp.convert("
+                         "model, config)); the original is the wrapper's ._orig_mod")
     scripted = [n or "(model)" for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)]
     if scripted:
         raise ValueError(f"convert cannot convert TorchScript modules ({', '.join(scripted[:5])}: torch.jit.script "

@@ -155,6 +155,14 @@ def _(x, fmt, keys, stats, backend):
     return x.new_empty(x.shape), x.new_empty(2 if stats else 0, dtype=torch.int64)
 
 
+def _straight_through(ctx, grad, grad_counts):
+    """The op's gradient: straight through to ``x`` (``bfp.quantize``'s rule), nothing to the rest."""
+    return grad, None, None, None, None
+
+
+quantize_format.register_autograd(_straight_through)
+
+
 def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, update: bool,
             backend: Optional[str] = None) -> torch.Tensor:
     """Delayed scaling (``bfp.formats.scaled``): the scale from the largest amax of ``history`` (the
@@ -164,7 +172,9 @@ def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, upda
     backend = backend_for(x, backend)
     if type(x) is not torch.Tensor or torch.compiler.is_compiling():
         keys = _draw(generator, x.device) if needs_keys(fmt) else None
-        return quantize_delayed(x, format_json(fmt), history, keys, update, backend)
+        # detached: an op that mutates cannot carry an autograd formula; bfp.quantize's straight-through
+        # gradient is applied around it
+        return quantize_delayed(x.detach(), format_json(fmt), history, keys, update, backend)
     return _delayed(x, fmt, history, generator, update, backend)
 
 
