@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .formats import Format, Rounding
-from .kernels import quantize
+from .kernels import quantize, quantize_stats
 
 # quantizer(point, tensor, fmt) -> new tensor
 Quantizer = Callable[[str, Tensor, Format], Tensor]
@@ -29,6 +29,19 @@ def layer_quantizer(layer) -> Optional[Quantizer]:
     return _LayerQuantizer(layer, hook)
 
 
+def round_at(layer, point: str, t: Tensor, fmt: Format, stats: bool = True) -> tuple[Tensor, Optional[Tensor]]:
+    """The rounding a layer's ``point`` makes of ``t`` without a hook, with the kernel's counts
+    (``stats``; None where the format keeps state): what a ``quantize_hook`` calls to round as the
+    layer would. A stateful format (delayed scaling) rounds with the layer's history at ``point``
+    and, in training, moves it, as the layer itself would."""
+    if fmt is not None and fmt.history_length:  # the format keeps state: the layer holds it
+        return quantize(t, fmt, generator=layer.generator, state=layer.format_state(point),
+                        update_state=layer.training), None
+    if not stats:
+        return quantize(t, fmt, generator=getattr(layer, "generator", None)), None
+    return quantize_stats(t, fmt, generator=getattr(layer, "generator", None), stats=True)
+
+
 class _LayerQuantizer:
     """``q(point, tensor, fmt)`` of a layer with a hook or with stateful formats (delayed scaling:
     the layer holds each point's amax history)."""
@@ -38,11 +51,8 @@ class _LayerQuantizer:
 
     def __call__(self, point: str, t: Tensor, fmt: Format) -> Tensor:
         layer = self.layer
-        if fmt is not None and fmt.history_length:  # the format keeps state: the layer holds it
-            return quantize(t, fmt, generator=layer.generator, state=layer.format_state(point),
-                            update_state=layer.training)
         if self.hook is None:
-            return quantize(t, fmt, generator=layer.generator)
+            return round_at(layer, point, t, fmt, stats=False)[0]
         out = self.hook(layer, point, t, fmt)
         if not isinstance(out, Tensor) or out.shape != t.shape:
             raise ValueError(f"quantize_hook must return a tensor of shape {tuple(t.shape)} for point "

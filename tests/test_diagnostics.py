@@ -199,3 +199,36 @@ def test_a_tensor_rounded_at_two_points_is_measured_once_and_reported_at_both():
     assert rows["fw"]["sqnr_db"] == rows["biw"]["sqnr_db"] == point_stats(lin.weight, quantize(lin.weight, E4M3))["sqnr_db"]
     assert rows["fi"]["sqnr_db"] == rows["bwi"]["sqnr_db"] == point_stats(x.detach(), quantize(x.detach(), E4M3))["sqnr_db"]
     assert len(diag._seen) == 0  # the cache lives for one armed step
+
+
+def test_delayed_scaling_is_measured_by_diagnose_sweep_and_the_diagnose_flag(tiny_args, tmp_path, capsys):
+    """Issue 53, item 8: delayed scaling's points reach the hooks (they round with the layer's own
+    history, as the layer would), so every diagnostic sees them."""
+    assert main(tiny_args("--mode", "diagnose", "--bfp", "any_fp8_delayed",
+                          "--diagnose-out", str(tmp_path / "d.png"))) == 0
+    out = capsys.readouterr().out
+    assert "layer1.0.conv1" in out and "no quantization point" not in out and (tmp_path / "d.png").exists()
+    assert main(tiny_args("--mode", "sweep", "--bfp", "any_fp8_delayed", "--diagnose-out", str(tmp_path / "s.png"))) == 0
+    assert (tmp_path / "s.png").stat().st_size > 1000
+    assert main(tiny_args("--training-epochs", "1", "--bfp", "any_fp8_delayed", "--diagnose", "1", "--log", "True",
+                          "--run-name", "dl")) == 0
+    rows = list(csv.DictReader(open(tmp_path / "runs" / "dl" / "diagnostics.csv")))
+    assert {r["point"] for r in rows} >= {"fw", "fi", "bwo", "bwi", "bio", "biw"}
+    assert all(float(r["sqnr_db"]) > 10 for r in rows)
+
+
+def test_a_measured_step_moves_delayed_histories_as_an_unmeasured_one():
+    from bfp.conversion import convert
+    torch.manual_seed(0)
+    a = convert(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)),
+                "any_fp8_delayed")
+    b = convert(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)),
+                "any_fp8_delayed")
+    b.load_state_dict(a.state_dict())
+    x, y = torch.randn(6, 8), torch.tensor([0, 1, 2, 3, 0, 1])
+    rows = measure_step(a, x, y)
+    assert {r["point"] for r in rows} == {"fw", "fi", "bwo", "bwi", "bio", "biw"}
+    b.train()
+    torch.nn.functional.cross_entropy(b(x), y).backward()
+    for (n, t), (_, u) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(t, u), n  # histories included: the measured step rounded as the layer would

@@ -34,9 +34,9 @@ import torch
 
 from ..conversion import short_format
 from ..formats import Rounding
-from ..kernels import quantize_stats
 from ..layers import CONVERTIBLE, chain_quantize_hooks, restore_quantize_hooks
 from ..precision import POINTS
+from ..quantizer import round_at
 
 MEASURES = ("sqnr_db", "rel_l2", "flushed", "saturated", "range_use")
 _Q_TYPES = tuple(CONVERTIBLE.values())
@@ -142,7 +142,8 @@ class PointDiagnostics:
                 self.kept.setdefault(point, []).append(tensor.detach().float().clone())
             # fw/biw (and fi/bwi) often round the very same tensor the same way: measure it once. The
             # entry keeps the tensor alive, so its memory cannot be reused under the same key.
-            cacheable = point in _SHARED and previous is None and not _stochastic(fmt)
+            cacheable = point in _SHARED and previous is None and not _stochastic(fmt) and \
+                not getattr(fmt, "history_length", 0)  # a stateful format moves each point's own history: round every one
             same = (tensor.data_ptr(), tensor._version, tuple(tensor.shape), tensor.stride(), tensor.dtype, fmt)
             cached = self._seen.get(same) if cacheable else None
             if cached is not None:
@@ -151,8 +152,7 @@ class PointDiagnostics:
                 if previous is not None:
                     out, counts = previous(layer, point, tensor, fmt), None
                 else:
-                    out, counts = quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None),
-                                                 stats=True)
+                    out, counts = round_at(layer, point, tensor, fmt)
                 part = None
                 if layer.training:
                     part = _Sums(fmt)

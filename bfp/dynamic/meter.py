@@ -13,9 +13,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from ..kernels import quantize_stats
 from ..layers import chain_quantize_hooks, restore_quantize_hooks
 from ..precision import POINTS
+from ..quantizer import round_at
 
 _POINT_INDEX = {p: i for i, p in enumerate(POINTS)}
 
@@ -61,13 +61,10 @@ class ZseMeter:
             if not (layer.training and active()):
                 if previous is not None:
                     return previous(layer, point, tensor, fmt)
-                return quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None),
-                                      stats=False)[0]
-            if previous is None:
-                out, counts = quantize_stats(tensor, fmt, generator=getattr(layer, "generator", None),
-                                             stats=True)
-            else:  # someone else's hook quantizes: count from its result (slower, eager)
-                out = previous(layer, point, tensor, fmt)
+                return round_at(layer, point, tensor, fmt, stats=False)[0]
+            out, counts = round_at(layer, point, tensor, fmt) if previous is None else \
+                (previous(layer, point, tensor, fmt), None)
+            if counts is None:  # someone else's hook or a stateful format rounded: count from the result
                 nz = tensor != 0
                 counts = torch.stack((nz.sum(), (nz & (out == 0)).sum()))
             key = (row[id(layer)], points[point])
