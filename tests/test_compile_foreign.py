@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bfp.conversion import convert
-from test_hf_models import MODELS, made, out_of
+from test_hf_models import MODELS, out_of
 
 transformers = pytest.importorskip("transformers")
 
