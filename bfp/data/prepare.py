@@ -71,8 +71,23 @@ class _Array:
         self.array = np.frombuffer(raw, np.uint8).reshape(shape, order="F" if fortran else "C").copy()
 
 
+class _NDArrayName:
+    """What the name ``numpy.ndarray`` stands for in a batch: only ``_reconstruct``'s first argument,
+    as numpy's own pickles use it. Called directly (``ndarray(shape, dtype)``, an uninitialised array
+    of any size) it is refused before anything is allocated."""
+
+    __name__ = "ndarray"
+
+    def __call__(self, *args, **kwargs):
+        raise ArchiveError("the batch builds numpy.ndarray(...) directly (uninitialised memory of a size it "
+                           "chooses); numpy's pickles rebuild arrays through _reconstruct and their data")
+
+
+_NDARRAY = _NDArrayName()
+
+
 def _reconstruct(cls, shape, typecode):
-    if cls is not np.ndarray:
+    if cls is not _NDARRAY:
         raise ArchiveError(f"the batch rebuilds a {getattr(cls, '__name__', cls)!r}, not a numpy array")
     return _Array()
 
@@ -93,7 +108,7 @@ def _encode(text, encoding="utf-8"):  # how a protocol-2 pickle writes bytes
 # What CIFAR-10's batch pickles are made of besides plain data: numpy arrays (and the codec call
 # a protocol-2 pickle uses for bytes), each through a checking stand-in. Nothing else may be named.
 _ALLOWED = {("numpy.core.multiarray", "_reconstruct"): _reconstruct, ("numpy._core.multiarray", "_reconstruct"):
-            _reconstruct, ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): _dtype, ("_codecs", "encode"): _encode}
+            _reconstruct, ("numpy", "ndarray"): _NDARRAY, ("numpy", "dtype"): _dtype, ("_codecs", "encode"): _encode}
 
 
 class _Plain(pickle.Unpickler):
