@@ -54,6 +54,17 @@ _UNSUPPORTED = {torch.einsum: "einsum", torch.addmm: "addmm", Tensor.addmm: "add
                 torch.linalg.matmul: "linalg.matmul", torch.conv_tbc: "conv_tbc", torch.dot: "dot", Tensor.dot: "dot",
                 torch.vdot: "vdot", Tensor.vdot: "vdot", torch.inner: "inner", Tensor.inner: "inner",
                 torch.linalg.vecdot: "linalg.vecdot", Tensor.addmv: "addmv", Tensor.addbmm: "addbmm"}
+# Matrix powers and sparse products: GEMMs too (a matrix power of n is about log2(n) products, a sparse
+# product one), out of any layer's reach; what this torch lacks is skipped.
+_UNSUPPORTED.update({f: name for name, f in (
+    ("matrix_power", getattr(torch.linalg, "matrix_power", None)), ("matrix_power", getattr(torch, "matrix_power", None)),
+    ("matrix_power", getattr(Tensor, "matrix_power", None)), ("matrix_exp", getattr(torch.linalg, "matrix_exp", None)),
+    ("matrix_exp", getattr(torch, "matrix_exp", None)), ("matrix_exp", getattr(Tensor, "matrix_exp", None)),
+    ("sparse.mm", getattr(torch.sparse, "mm", None)), ("sparse.addmm", getattr(torch.sparse, "addmm", None)),
+    ("sparse.sampled_addmm", getattr(torch.sparse, "sampled_addmm", None)), ("smm", getattr(torch, "smm", None)),
+    ("smm", getattr(Tensor, "smm", None)), ("hspmm", getattr(torch, "hspmm", None)),
+    ("sspaddmm", getattr(torch, "sspaddmm", None)), ("sspaddmm", getattr(Tensor, "sspaddmm", None)),
+    ("chain_matmul", getattr(torch.linalg, "chain_matmul", None))) if f is not None})
 # In-place forms (a.addmm_(b, c)) are the same products.
 _UNSUPPORTED.update({getattr(Tensor, f"{n}_"): n for n in ("addmm", "baddbmm", "addbmm", "addmv")})
 # Modules whose forward runs its GEMMs inside one fused op, out of any hook's reach: recorded as

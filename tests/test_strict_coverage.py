@@ -40,6 +40,9 @@ OPS = {
     "vdot": lambda x: torch.vdot(x[0], x[1]).expand_as(x),
     "inner": lambda x: torch.inner(x, x)[:, :1].expand_as(x),
     "linalg.vecdot": lambda x: torch.linalg.vecdot(x, x)[:, None].expand_as(x),
+    "matrix_power": lambda x: torch.linalg.matrix_power(x, 3),  # issue 53, item 10
+    "sparse.mm": lambda x: torch.sparse.mm(x.to_sparse(), x),
+    "matrix_exp": lambda x: torch.linalg.matrix_exp(x * 0.01),
 }
 
 
