@@ -185,3 +185,28 @@ def test_a_full_disk_at_a_log_write_is_a_clear_exit_and_keeps_the_checkpoints(ti
     assert "Traceback" not in err
     now = _files(run / "checkpoints")
     assert all(now[k] == v for k, v in before.items())  # epoch 2 may be rewritten, nothing is lost
+
+
+def test_a_schedule_that_disagrees_with_the_saved_epochs_is_refused_or_rebuilt_as_asked(run_of_two_epochs, tiny_args,
+                                                                                       capsys):
+    """Issue 53, item 11: epoch_001.pt made to say 4 training epochs while its schedule ends after 2
+    (4 steps): the resume is refused (it would train on at lr 0); --resume-allow-data-change rebuilds
+    the schedule from the start of epoch 2 and trains at a nonzero learning rate."""
+    run, _ = run_of_two_epochs
+    (run / "checkpoints" / "last.pt").unlink()
+
+    def four(s):
+        s["extra"]["args"]["training_epochs"] = 4
+        s["config"]["epochs"] = 4
+    _edit(run / "checkpoints" / "epoch_001.pt", four)
+    before = _files(run)
+    assert main([*tiny_args(), "--resume", str(run / "checkpoints" / "epoch_001.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "schedule does not fit the run its own flags describe: total_steps 4 (the flags and data give 8)" in err
+    assert _files(run) == before
+    assert main([*tiny_args(), "--resume", str(run / "checkpoints" / "epoch_001.pt"),
+                 "--resume-allow-data-change", "True"]) == 0
+    out = capsys.readouterr().out
+    assert "the learning-rate schedule is rebuilt" in out and "continues from step 2, the start of epoch 2" in out
+    lrs = [float(x.split("lr ")[1].split()[0]) for x in out.splitlines() if x.startswith("epoch ") and " lr " in x]
+    assert len(lrs) == 3 and all(lr > 0 for lr in lrs[:2])

@@ -200,6 +200,37 @@ def check_counters(path: Path, state: dict[str, Any], epochs: int) -> None:
                          f"written; resume from another checkpoint of the run (epoch_NNN.pt, best.pt)")
 
 
+_SCHEDULE_SHAPE = ("total_steps", "warmup_steps", "epochs")  # what the run's flags and data fix
+
+
+def fit_schedule(path: Path, state: dict[str, Any], schedule, steps_per_epoch: int, allow_data_change: bool,
+                 log=None) -> dict[str, Any]:
+    """``state`` with a schedule the run can train on. The saved schedule's length must be the one the
+    flags and data give now (``training_epochs`` x steps per epoch, the warm-up): a checkpoint whose
+    ``training_epochs`` disagrees with its own schedule (edited or foreign) would train on at lr 0, and
+    is refused. Under ``--resume-allow-data-change`` (another image count: other steps per epoch) the
+    schedule is rebuilt instead, stated in the log: the length the data gives now, the saved base
+    learning rates, the position at the start of the epoch the run resumes at."""
+    saved, want = state.get("schedule"), schedule.state_dict()
+    if not isinstance(saved, dict):
+        return state
+    diff = [k for k in _SCHEDULE_SHAPE if k in want and saved.get(k) != want[k]]
+    if not diff:
+        return state
+    said = ", ".join(f"{k} {saved.get(k)!r} (the flags and data give {want[k]!r})" for k in diff)
+    if not allow_data_change:
+        raise UsageError(f"--resume {path}: the checkpoint's learning-rate schedule does not fit the run its own "
+                         f"flags describe: {said}; training on would follow another schedule (past its end at lr "
+                         f"0). The file was edited or comes from another run; nothing was written. Resume from "
+                         f"another checkpoint of the run, or pass --resume-allow-data-change to rebuild the "
+                         f"schedule for the data as it is now")
+    rebuilt = {**saved, **{k: want[k] for k in diff}, "step_count": int(state["epoch"]) * steps_per_epoch}
+    if log is not None:
+        log(f"warning: --resume {path}: the learning-rate schedule is rebuilt for the data as it is now ({said}); "
+            f"it continues from step {rebuilt['step_count']}, the start of epoch {int(state['epoch']) + 1}")
+    return {**state, "schedule": rebuilt}
+
+
 def load_state(trainer, state: dict[str, Any], path: Path) -> None:
     """``trainer.load_state_dict(state)``; a state that does not fit the model, or impossible
     counters, are usage errors."""

@@ -29,7 +29,8 @@ from ..engine.trainer import Trainer, TrainConfig, convert_model
 from .amp_flags import amp_callbacks, make_amp
 from .dist_run import distributed_setup
 from .flags import UsageError
-from .resume import check_data, check_world, load_state, remove_stale_temps, resumed_run_dir
+from .resume import (check_counters, check_data, check_world, fit_schedule, load_state, remove_stale_temps,
+                     resumed_run_dir)
 from .spec import RunSpec
 from .tasks import CIFAR, Task
 
@@ -170,6 +171,9 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
             for note in (world_note, data_note):
                 if note:
                     log(note)
+            check_counters(resumed.path, state, trainer.epochs)
+            state = fit_schedule(resumed.path, state, trainer.schedule, len(trainer.data.train),
+                                 args.resume_allow_data_change, log)
             load_state(trainer, state, resumed.path)
             log(f"{args.resume}: the run already finished its {trainer.epochs} epochs; nothing to do"
                 if trainer.epoch >= trainer.epochs else
