@@ -15,6 +15,7 @@ from .formats import (MX, NVFP4, P3109, BlockFloat, Encoding, Float, Format, Ove
                       format_from_dict, format_from_name, format_names)
 from .kernels import quantize, zero_setting_error
 from .precision import POINTS, Accumulator, LayerPrecision, accumulator_from_dict
+from . import hadamard, tensorcore  # noqa: F401, E402  (their ops: torch.ops.bfp.hadamard_quantize, fused_bmm)
 
 __version__ = "0.1.0"
 

@@ -19,6 +19,7 @@ import torch
 
 from .formats import Format
 from .kernels import DrawnKeys, draw_keys, format_json, needs_keys, parse_format, quantize
+from .kernels import op_args
 from .kernels.runtime import kernel_for
 from .precision import Hadamard
 
@@ -122,11 +123,19 @@ def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator, 
 def hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor]) -> torch.Tensor:
     """``transform_quantize`` as an op: the transform ``Hadamard(block, seed)``, the format as
     ``bfp.kernels.format_json``, ``keys`` the stochastic draw (or None)."""
-    out = _transform_quantize(t, Hadamard(block, seed), parse_format(fmt), None if keys is None else DrawnKeys(keys))
+    f = _check_op(t, block, fmt, keys)
+    out = _transform_quantize(t, Hadamard(block, seed), f, None if keys is None else DrawnKeys(keys))
     return out.contiguous()  # as the fake says
+
+
+def _check_op(t, block, fmt: str, keys):
+    op_args.tensor(t, "the tensor of hadamard_quantize", min_dim=2)  # the transform mixes rows (dim -2)
+    op_args.keys(keys)
+    return op_args.parsed(fmt, "fmt", parse_format)
 
 
 @hadamard_quantize.register_fake
 def _(t, block, seed, fmt, keys):
+    _check_op(t, block, fmt, keys)
     rows = t.shape[-2]  # the transform pads the rows to whole blocks
     return t.new_empty(*t.shape[:-2], -(-rows // block) * block, t.shape[-1])

@@ -82,6 +82,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .kernels import op_args
 from .kernels.runtime import kernel
 from .precision import FusedAccumulator, accumulator_from_dict
 
@@ -246,6 +247,9 @@ def _accumulator_json(acc: "FusedAccumulator") -> str:
 
 
 def _fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str) -> torch.Tensor:
+    _check_operands(a, b, backend)
+    if a.dtype != torch.float32:  # float16/bfloat16 values: float32 holds them exactly
+        a, b = a.float(), b.float()
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"fused_bmm needs (B, M, K) @ (B, K, N) operands, got {list(a.shape)} and {list(b.shape)}")
     chains = _chains(a.shape[2], acc)
@@ -261,12 +265,26 @@ def _fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backen
 @torch.library.custom_op("bfp::fused_bmm", mutates_args=())
 def fused_bmm_op(a: torch.Tensor, b: torch.Tensor, acc: str, backend: str) -> torch.Tensor:
     """``fused_bmm`` as an op: ``acc`` the accumulator's ``to_dict`` as JSON."""
-    return _fused_bmm(a, b, _accumulator(acc), backend)
+    return _fused_bmm(a, b, op_args.parsed(acc, "acc", _accumulator, "json.dumps(acc.to_dict())"), backend)
 
 
 @fused_bmm_op.register_fake
 def _(a, b, acc, backend):
+    _check_operands(a, b, backend)
+    op_args.parsed(acc, "acc", _accumulator, "json.dumps(acc.to_dict())")
     return a.new_empty(a.shape[0], a.shape[1], b.shape[2], dtype=torch.float32)
+
+
+_OPERAND_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_operands(a, b, backend: str) -> None:
+    """Dense float32/float16/bfloat16 operands of one dtype, a known backend."""
+    op_args.tensor(a, "fused_bmm's a", _OPERAND_DTYPES)
+    op_args.tensor(b, "fused_bmm's b", _OPERAND_DTYPES)
+    if a.dtype != b.dtype:
+        raise TypeError(f"fused_bmm's operands must have one dtype, got {a.dtype} and {b.dtype}")
+    op_args.choice(backend, "backend", ("kernel", "reference", "triton"))
 
 
 @functools.lru_cache(maxsize=64)

@@ -52,3 +52,12 @@ def test_a_bad_training_config_file_is_named_with_its_key(tiny_args, tmp_path, c
     err = capsys.readouterr().err
     assert all(s in err for s in said), err
     assert "--bfp" not in err and "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("mode", ["diagnose", "sweep", "generate-config"])
+def test_training_engine_flags_are_refused_where_no_step_is_trained(tiny_args, capsys, mode):
+    """Issue 53, item 12: --cuda-graph and --compile were accepted and ignored outside training."""
+    from bfp.cli import cifar as main
+    for flags, named in ((["--cuda-graph", "True"], "--cuda-graph sets"), (["--compile", "default"], "--compile sets")):
+        assert main(tiny_args("--mode", mode, "--bfp", "any_FB16", *flags)) == 2
+        assert f"{named} how training steps run; --mode {mode} trains no step" in capsys.readouterr().err

@@ -112,14 +112,17 @@ def _both_ranks(flags0, flags1, timeout=120):
 
 
 def test_ranks_started_with_different_runs_all_refuse_naming_the_flags():
-    outs = _both_ranks(["--seed", "0", "--grad-exp", "4", "--grad-man", "3", "--model-opt", "width=4"],
-                       ["--seed", "1", "--grad-exp", "5", "--grad-man", "2", "--model-opt", "width=8"])
+    outs = _both_ranks(["--seed", "0", "--grad-exp", "4", "--grad-man", "3", "--model-opt", "width=4",
+                        "--bfp", "any_FB12"],
+                       ["--seed", "1", "--grad-exp", "5", "--grad-man", "2", "--model-opt", "width=8",
+                        "--bfp", "any_FB16"])
     for out, rc in outs:
         assert rc == 2, out
         assert "the ranks were started with different runs" in out and "Traceback" not in out
         for part in ("rank 1 has --seed 1 where rank 0 has 0", "--grad-exp 5 where rank 0 has 4",
-                     "--grad-man 2 where rank 0 has 3", "--model-opt"):
+                     "--grad-man 2 where rank 0 has 3", "--model-opt", "--bfp 'any_FB16' where rank 0 has 'any_FB12'"):
             assert part in out, out
+        assert "--network-config" not in out and "--explicit" not in out  # issue 53, item 12: flags users type
     ok = _both_ranks(["--num-workers", "0"], ["--num-workers", "0", "--progress", "False"])  # local flags only
     assert [rc for _, rc in ok] == [0, 0], ok[0][0]
 

@@ -89,9 +89,15 @@ def grad_format(args: argparse.Namespace) -> Optional[Format]:
 LOCAL_FLAGS = frozenset({"dataset_path", "progress", "num_workers", "dist_timeout"})
 
 
-def run_fields(args: argparse.Namespace, plan: Any = None) -> dict[str, str]:
-    """A rank's run, flag by flag, in words every rank computes alike (the ``-tc`` plan included)."""
-    out = {k: repr(v) for k, v in sorted(vars(args).items()) if k not in LOCAL_FLAGS}
+# What a parse records beside the flags: not a flag, never compared (each rank's command names its own).
+_NOT_FLAGS = frozenset({"explicit"})
+
+
+def run_fields(args: argparse.Namespace, plan: Any = None, flag=None) -> dict[str, str]:
+    """A rank's run, flag by flag, in words every rank computes alike (the ``-tc`` plan included), keyed
+    by the option a user types (``flag(dest)``, e.g. ``network_config`` -> ``--bfp``)."""
+    flag = flag or (lambda k: "--" + k.replace("_", "-"))
+    out = {flag(k): repr(v) for k, v in sorted(vars(args).items()) if k not in LOCAL_FLAGS | _NOT_FLAGS}
     if plan is not None:
         out["-tc plan"] = repr((dict(plan.precision), {e: dict(v) for e, v in plan.optimizer.items()}))
     return out
@@ -108,8 +114,7 @@ def check_same_run(fields: dict[str, str], world_size: int) -> None:
     for rank, theirs in enumerate(gathered[1:], 1):
         for k in sorted(set(ref) | set(theirs)):
             if ref.get(k) != theirs.get(k):
-                flag = k if k.startswith("-") else "--" + k.replace("_", "-")
-                bad.append(f"rank {rank} has {flag} {theirs.get(k)} where rank 0 has {ref.get(k)}")
+                bad.append(f"rank {rank} has {k} {theirs.get(k)} where rank 0 has {ref.get(k)}")
     if bad:
         raise UsageError(f"the ranks were started with different runs: {'; '.join(bad[:8])}"
                          f"{f'; ... ({len(bad)} in all)' if len(bad) > 8 else ''}. Every rank must run the same "
@@ -117,7 +122,7 @@ def check_same_run(fields: dict[str, str], world_size: int) -> None:
                          f"{', '.join('--' + f.replace('_', '-') for f in sorted(LOCAL_FLAGS))} may differ")
 
 
-def distributed_setup(args: argparse.Namespace, device: torch.device, plan: Any = None) -> DistSetup:
+def distributed_setup(args: argparse.Namespace, device: torch.device, plan: Any = None, flag=None) -> DistSetup:
     """Read the launcher's environment, join the process group, check that every rank runs the same
     flags (``check_same_run``) and choose the step strategy."""
     try:
@@ -139,7 +144,7 @@ def distributed_setup(args: argparse.Namespace, device: torch.device, plan: Any 
     except dist_env.DistEnvError as err:
         raise UsageError(str(err)) from None
     if e.distributed:
-        check_same_run(run_fields(args, plan), e.world_size)
+        check_same_run(run_fields(args, plan, flag), e.world_size)
     if fmt is not None and getattr(fmt, "rounding", None) is not None and fmt.rounding.value == "truncate":
         print(f"warning: the gradient format {fmt!r} truncates: every partial sum of the all-reduce is cut "
               f"toward zero, a bias that grows with the worker count (about -2.5% over 8 workers for fb16); "

@@ -28,7 +28,7 @@ from ..engine.slack import SlackNotifier, SlackTokenError, read_token
 from ..engine.trainer import Trainer, TrainConfig, convert_model
 from .amp_flags import amp_callbacks, make_amp
 from .dist_run import distributed_setup
-from .flags import UsageError
+from .flags import UsageError, build_parser, flag_name
 from .resume import (check_counters, check_data, check_world, fit_schedule, load_state, remove_stale_temps,
                      resumed_run_dir)
 from .spec import RunSpec
@@ -119,7 +119,8 @@ def train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
 def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
     task, args, plan, resumed = spec.task, spec.args, spec.plan, spec.resumed
     device = resolve_device(args.device)
-    dist = distributed_setup(args, device, plan)  # process group, device, step strategy, optimizer
+    parser = build_parser(task)  # the ranks' differences named by the flags users type
+    dist = distributed_setup(args, device, plan, lambda dest: flag_name(parser, dest))
     device = dist.device
     state = resumed.state if resumed is not None else None
     world_note = check_world(resumed.path, state, dist.env.world_size, args.emulate_node) \

@@ -159,6 +159,12 @@ def check_args(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
     if args.diagnose < 0:
         raise UsageError(f"--diagnose must be >= 0 (0: off; N: measure one training step in every N), "
                          f"got {args.diagnose}")
+    if args.mode != "train":  # a given training-engine flag would be ignored: say so (a resumed run's own are fine)
+        given = [f for f in ("cuda_graph", "compile") if f in getattr(args, "explicit", ())]
+        if given:
+            flags = " and ".join(f"--{f.replace('_', '-')}" for f in given)
+            raise UsageError(f"{flags} {'sets' if len(given) == 1 else 'set'} how training steps run; --mode {args.mode} trains no step: leave "
+                             f"{flags} out")
     if args.diagnose and not args.log and args.mode == "train":
         raise UsageError(f"--diagnose {args.diagnose} writes what it measures to the run directory's log and "
                          f"TensorBoard: add --log True (without it every measurement would be discarded)")

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..formats import Format
-from .dispatch import DrawnKeys, delayed, draw_keys, format_json, needs_keys, parse_format, quantize_stats
+from .dispatch import DrawnKeys, check_history, delayed, draw_keys, format_json, needs_keys, parse_format, quantize_stats
 from . import p3109  # noqa: F401  (registers the P3109 family's rule)
 
 __all__ = ["quantize", "quantize_stats", "zero_setting_error", "DrawnKeys", "draw_keys", "format_json", "needs_keys",
@@ -59,6 +59,7 @@ def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generato
             raise ValueError(f"{fmt!r} is delayed scaling: its amax history is state of a quantized layer's "
                              f"point; use it in a layer's precision, or pass state= a float32 tensor of length "
                              f"{fmt.history_length} (got {None if state is None else tuple(getattr(state, 'shape', ()))})")
+        check_history(fmt, state)
         out = delayed(x, fmt, state, generator, update_state)
     else:
         out = quantize_stats(x, fmt, generator=generator, backend=backend, stats=False)[0]

@@ -10,11 +10,12 @@ import torch
 from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, format_from_dict, kernel_for, register_kernel
 from . import nvfp4, scaled
 from .plan import rule_for, tile_for
+from . import op_args
 from .ops import _counts_torch, run_rule
 
 from .runtime import ALIASES, BACKENDS, backend_for, kernel  # noqa: F401 (the backends' names, re-exported)
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_FLOAT_DTYPES = op_args.FLOAT_DTYPES
 
 
 class DrawnKeys:
@@ -61,6 +62,15 @@ def _check(x, fmt) -> None:
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"quantize supports float32, float16, bfloat16 and float64 tensors, "
                         f"got {x.dtype}")
+    op_args.tensor(x, "quantize's tensor")
+
+
+def _check_op(x, fmt: str, keys, backend: str) -> Format:
+    """The format op's arguments checked (``op_args``); the format parsed."""
+    op_args.tensor(x, "x")
+    op_args.keys(keys)
+    op_args.choice(backend, "backend", BACKENDS)
+    return op_args.parsed(fmt, "fmt", parse_format)
 
 
 def nvfp4_keys(fmt: NVFP4, generator) -> tuple[int, int]:
@@ -99,6 +109,7 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     """``(quantize(x, fmt), counts)``; counts is int64 ``[nonzero_in, zeroed]`` on x's
     device when ``stats`` else None. See ``bfp.quantize`` for the arguments."""
     _check(x, fmt)
+    op_args.generator(generator)
     backend = backend_for(x, backend)
     if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # eager: no dispatcher in the way
         return kernel_for(fmt)(x, fmt, generator, backend, stats)
@@ -144,7 +155,7 @@ def quantize_format(x: torch.Tensor, fmt: str, keys: Optional[torch.Tensor], sta
     """Every format family's quantization as one op PyTorch understands (``torch.compile`` and
     FakeTensor tracing see it whole): ``fmt`` as ``format_json``, ``keys`` the stochastic draw (or
     None), ``backend`` resolved; the counts are int64 ``[2]``, or ``[0]`` without ``stats``."""
-    f = parse_format(fmt)
+    f = _check_op(x, fmt, keys, backend)
     out, counts = kernel_for(f)(x, f, None if keys is None else DrawnKeys(keys), backend, stats)
     # contiguous, whatever the input's strides (a transposed view) or a kernel's moved axis: what the fake says
     return out.contiguous(), (counts if stats else x.new_empty(0, dtype=torch.int64))
@@ -152,6 +163,7 @@ def quantize_format(x: torch.Tensor, fmt: str, keys: Optional[torch.Tensor], sta
 
 @quantize_format.register_fake
 def _(x, fmt, keys, stats, backend):
+    _check_op(x, fmt, keys, backend)
     return x.new_empty(x.shape), x.new_empty(2 if stats else 0, dtype=torch.int64)
 
 
@@ -200,13 +212,33 @@ def quantize_delayed(x: torch.Tensor, fmt: str, history: torch.Tensor, keys: Opt
                      backend: str) -> torch.Tensor:
     """``delayed`` as an op: ``fmt`` as ``format_json``, ``keys`` the stochastic draw (or None);
     ``history`` moves in place with ``update``."""
-    return _delayed(x, parse_format(fmt), history, None if keys is None else DrawnKeys(keys), update,
-                    backend).contiguous()
+    f = _check_delayed(x, fmt, history, keys, backend)
+    return _delayed(x, f, history, None if keys is None else DrawnKeys(keys), update, backend).contiguous()
 
 
 @quantize_delayed.register_fake
 def _(x, fmt, history, keys, update, backend):
+    _check_delayed(x, fmt, history, keys, backend)
     return x.new_empty(x.shape)
+
+
+def check_history(fmt: Scaled, history) -> None:
+    """Delayed scaling's state: a float32 tensor of ``fmt.history_length`` values, one axis."""
+    n = fmt.history_length
+    if not isinstance(history, torch.Tensor) or history.dtype != torch.float32 or tuple(history.shape) != (n,):
+        got = f"a {op_args.dtype_name(history.dtype)} tensor of shape {tuple(history.shape)}" \
+            if isinstance(history, torch.Tensor) else type(history).__name__
+        raise ValueError(f"{fmt!r} is delayed scaling: its state (the amax history) must be a float32 tensor of "
+                         f"shape ({n},), newest first; got {got}")
+
+
+def _check_delayed(x, fmt: str, history, keys, backend: str) -> Scaled:
+    f = _check_op(x, fmt, keys, backend)
+    if not (isinstance(f, Scaled) and f.history_length):
+        raise ValueError(f"quantize_delayed needs a delayed-scaling format (Scaled with history > 0), got {f!r}; "
+                         f"other formats go through bfp::quantize_format")
+    check_history(f, history)
+    return f
 
 
 def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):

@@ -104,10 +104,11 @@ def test_opcheck_passes_on_the_delayed_scaling_op_and_it_moves_the_history_as_ea
     from bfp.kernels.dispatch import delayed
     fmt = format_from_name("fp8_e4m3_delayed")
     x = torch.randn(6, 32) * 7
+    history = [0.0, 5.0, 3.0] + [0.0] * (fmt.history_length - 3)  # the format's length (16), as a layer keeps it
     for update in (False, True):
         torch.library.opcheck(torch.ops.bfp.quantize_delayed.default,
-                              (x, format_json(fmt), torch.tensor([0.0, 5.0, 3.0, 0.0]), None, update, backend))
-    h_op, h_eager = torch.tensor([0.0, 5.0, 3.0, 0.0]), torch.tensor([0.0, 5.0, 3.0, 0.0])
+                              (x, format_json(fmt), torch.tensor(history), None, update, backend))
+    h_op, h_eager = torch.tensor(history), torch.tensor(history)
     op = torch.ops.bfp.quantize_delayed(x, format_json(fmt), h_op, None, True, backend)
     eager = delayed(x, fmt, h_eager, None, True, backend=backend)
     assert torch.equal(op.view(torch.int32), eager.view(torch.int32)) and torch.equal(h_op, h_eager)
