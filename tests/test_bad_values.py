@@ -61,3 +61,19 @@ def test_training_engine_flags_are_refused_where_no_step_is_trained(tiny_args, c
     for flags, named in ((["--cuda-graph", "True"], "--cuda-graph sets"), (["--compile", "default"], "--compile sets")):
         assert main(tiny_args("--mode", mode, "--bfp", "any_FB16", *flags)) == 2
         assert f"{named} how training steps run; --mode {mode} trains no step" in capsys.readouterr().err
+
+
+def test_fewer_images_than_one_global_batch_over_several_workers_is_a_clear_error(tiny_args, capsys):
+    """Issue 53, item 13: with more than one worker the incomplete last global batch is dropped, so 64
+    images and a global batch of 128 made no step (total_steps 0 traceback); one worker keeps it."""
+    from bfp.cli import cifar as main
+    from bfp.data.bundle import DataError, check_train_size
+    argv = tiny_args("--batch-size-train", "128", "--training-epochs", "1")
+    assert main([*argv, "--emulate-node", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "64 training images are fewer than one global batch of 128 (--batch-size-train); with 2 workers" in err
+    assert "use a global batch of at most 64" in err and "Traceback" not in err
+    assert main(argv) == 0  # one worker: the incomplete batch is trained
+    check_train_size("x", 7, 8, 1)
+    with pytest.raises(DataError, match="at most 6 .a multiple of 2."):
+        check_train_size("x", 7, 8, 2)

@@ -43,9 +43,17 @@ def check_global_batch(batch_size_train: int, world: int) -> None:
                         f"over {world} processes; use a multiple of {world}")
 
 
-def check_train_size(name: str, n: int) -> None:
-    if n < 2:  # a lone image is dropped as a last batch (BatchNorm needs two), leaving no step
+def check_train_size(name: str, n: int, batch_size_train: int = 0, workers: int = 1) -> None:
+    """At least one training step an epoch: 2 images (a lone image is dropped as a last batch, BatchNorm
+    needs two), and, with more than one worker (an incomplete last global batch is dropped), one
+    whole global batch."""
+    if n < 2:
         raise DataError(f"{name}: {n} training image(s) (`limit_train`); training needs at least 2")
+    if workers > 1 and n < batch_size_train:
+        raise DataError(f"{name}: {n} training images are fewer than one global batch of {batch_size_train} "
+                        f"(`batch_size_train`); with {workers} workers an incomplete last global batch is dropped "
+                        f"(it would not split evenly), so no step would be trained: use a global batch of at most "
+                        f"{n - n % workers or workers} (a multiple of {workers}), or more images")
 
 
 def limit(ds, n: int):

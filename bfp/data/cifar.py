@@ -199,7 +199,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
         train, test, classes = _digits(channels)
         fp = fingerprint(name, train, test, classes, None)
         train, test = limit(train, limit_train), limit(test, limit_test)
-        check_train_size(name, len(train))
+        check_train_size(name, len(train), batch_size_train, workers)
         mean, std = _mean_std(train)
         aug = Augment(pad=2, flip=False)  # digits are not mirror-symmetric
         bundle = _tensor_bundle(name, train, test, classes, mean, std, aug, batch_size_train,
@@ -215,7 +215,7 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     classes = list(train_ds.classes)
     fp = fingerprint(name, train_ds, test_ds, classes, path)
     train_ds, test_ds = limit(train_ds, limit_train), limit(test_ds, limit_test)
-    check_train_size(name, len(train_ds))
+    check_train_size(name, len(train_ds), batch_size_train, workers)
     if folder and strict_images:
         for ds in (train_ds, test_ds):
             try:

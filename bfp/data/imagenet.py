@@ -72,7 +72,7 @@ def load_imagenet(path: Optional[str], image_size: int = 224, *, batch_size_trai
     train_ds.transform = T.Compose([T.RandomResizedCrop(image_size), T.RandomHorizontalFlip()] + norm)
     val_ds.transform = T.Compose([T.Resize(round(image_size * 256 / 224)), T.CenterCrop(image_size)] + norm)
     train_ds, val_ds = limit(train_ds, limit_train), limit(val_ds, limit_test)
-    check_train_size("imagenet", len(train_ds))
+    check_train_size("imagenet", len(train_ds), batch_size_train, shard[2])
     if strict_images:
         for ds in (train_ds, val_ds):
             try:
