@@ -65,6 +65,12 @@ def _named_attention(model: nn.Module) -> nn.Module:
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.MultiheadAttention):
             _set_submodule(model, name, MultiheadAttention.from_float(module))
+    for module in model.modules():
+        # torch's encoder packs a padded batch into a nested tensor in eval when this is True, for its
+        # fused FP32 layers: the replaced attention computes on plain tensors, so the batch stays one
+        if isinstance(module, nn.TransformerEncoder) and any(isinstance(m, MultiheadAttention)
+                                                              for m in module.modules()):
+            module.use_nested_tensor = False
     return model
 
 

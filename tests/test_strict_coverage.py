@@ -113,6 +113,25 @@ def test_a_converted_transformer_encoder_runs_quantized_in_eval():
         assert (out - fp32).abs().max() < 1.0
 
 
+def test_a_converted_encoder_takes_a_padding_mask_in_eval():
+    """Issue 53, item 14: torch's encoder (enable_nested_tensor by default) packed a padded batch into
+    a nested tensor in eval, which the replaced attention cannot take; now the batch stays one tensor."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    x, mask = torch.randn(3, 5, 16), torch.zeros(3, 5, dtype=torch.bool)
+    mask[0, 3:] = mask[1, 4:] = True
+    ref = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        fp32 = ref(x, src_key_padding_mask=mask)
+    for example in (None, x):
+        model = convert(nn.TransformerEncoder(layer, 2), CFG, example_input=example).eval()
+        with torch.no_grad():
+            out = model(x, src_key_padding_mask=mask)
+        keep = ~mask
+        assert not model.use_nested_tensor and out.shape == fp32.shape
+        assert not torch.equal(out[keep], fp32[keep]) and (out[keep] - fp32[keep]).abs().max() < 1.0
+
+
 def test_torchscript_submodules_are_refused_with_a_bfp_message():
     model = nn.Sequential(nn.Linear(4, 4), torch.jit.script(nn.Linear(4, 4)))
     with pytest.raises(ValueError, match=r"convert cannot convert TorchScript modules \(1: torch.jit.script"):
