@@ -116,6 +116,22 @@ def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]
         print(line(r))
 
 
+def check_args(ap, *, at_least: Mapping[str, tuple[Any, int]] = {}, json_path: Optional[str] = None) -> None:
+    """Refuse bad command-line values before any work, as argparse does (``ap.error``: exit 2, the flag
+    and the allowed range named, no traceback): each ``at_least`` entry is ``flag: (value, minimum)``
+    (None: not given); ``json_path`` must be a file this process can write (not a folder)."""
+    for flag, (value, low) in at_least.items():
+        if value is not None and value < low:
+            ap.error(f"{flag} must be an integer >= {low}, got {value}")
+    if json_path:
+        out = Path(json_path)
+        parent = out.parent if str(out.parent) else Path(".")
+        if out.is_dir():
+            ap.error(f"--json {json_path} is a folder; give the JSON file's path")
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            ap.error(f"--json {json_path}: cannot write there ({parent} is not a writable folder)")
+
+
 def emit_json(record: Mapping[str, Any], path: Optional[str | Path] = None) -> None:
     """Print ``record`` as one JSON line; with ``path``, also write it there, indented."""
     print(json.dumps(record))

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import bfp
-from _harness import emit_json, host_us
+from _harness import check_args, emit_json, host_us
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = ("fb12", "fb16", "float8_e4m3fn", "mxfp8_e4m3", "nvfp4")
@@ -121,11 +121,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="gpu_check.json")
     p.add_argument("--small", action="store_true", help="tiny sizes, no pytest run: the script checked on a CPU")
     args = p.parse_args(argv)
+    check_args(p, json_path=args.json)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.small:
         raise SystemExit("no CUDA GPU: run with --small under TRITON_INTERPRET=1 to check the script itself")
     t0 = time.monotonic()
-    doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
+    # on the CPU bfp.quantize runs the Numba kernels (TRITON_INTERPRET only reaches backend="triton")
+    doc = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Numba kernels; --small checks the "
+           "script, not a GPU)",
            "torch": torch.__version__, "bfpsim": bfp.__version__, "conformance": conformance(args.small),
            "bandwidth": bandwidth(device, args.small), "host_us": host_time(device, 20 if args.small else 2000),
            "overhead": overhead(device, args.small)}

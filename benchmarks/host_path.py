@@ -27,7 +27,7 @@ import bfp  # noqa: E402
 from bfp.kernels.dispatch import format_json, quantize_format  # noqa: E402
 from bfp.kernels.triton_cuda import element  # noqa: E402
 
-from _harness import emit_json, host_us, machine  # noqa: E402
+from _harness import check_args, emit_json, host_us, machine  # noqa: E402
 
 FORMATS = ("fb16", "fb12", "float8_e4m3fn", "mxfp8_e4m3", "bfloat16")
 SHAPE = (64, 64, 3, 3)
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the rows here too")
     p.add_argument("--reps", type=int, default=2000)
     args = p.parse_args(argv)
+    check_args(p, at_least={"--reps": (args.reps, 1)}, json_path=args.json)
     torch.set_num_threads(1)
     for name in ("_elementwise", "_tiles", "_big_tiles"):
         setattr(element, name, _Stub())

@@ -33,7 +33,7 @@ import bfp
 import bfp.models
 from bfp.diagnostics import PointDiagnostics
 
-from _harness import alternate, emit_json, machine, print_table, sgd_step
+from _harness import alternate, check_args, emit_json, machine, print_table, sgd_step
 
 
 def diagnosed(model, step):
@@ -87,9 +87,23 @@ def main(argv=None) -> int:
     ap.add_argument("--bf16", action="store_true", help="add FP32 weights under bf16 autocast")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA GPU is visible to torch")
-    dev = torch.device(args.device)
+    check_args(ap, at_least={"--steps": (args.steps, 1), "--batch": (args.batch, 1), "--width": (args.width, 1),
+                             "--diagnose": (args.diagnose, 0)}, json_path=args.json)
+    if args.model not in bfp.models.names():
+        ap.error(f"--model {args.model!r} unknown; allowed: {', '.join(bfp.models.names())}")
+    for cfg in args.configs:
+        try:
+            bfp.load_config(cfg)
+        except (bfp.ConfigError, ValueError, OSError) as e:
+            ap.error(f"--configs {cfg}: {e}")
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"--device {args.device!r} is not a device; allowed: cpu, cuda, cuda:N")
+    if dev.type not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device!r}: allowed cpu, cuda, cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA GPU is visible to torch")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
     opts = {} if args.width is None else {"width": args.width}
@@ -105,13 +119,18 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
     bad = [m for m in modes if m not in MODES] + (["graph"] if "graph" in modes and dev.type != "cuda" else [])
     if bad:
-        raise SystemExit(f"--modes {args.modes}: {', '.join(bad)} not possible here; allowed: {', '.join(MODES)} "
-                         f"(graph needs --device cuda)")
+        ap.error(f"--modes {args.modes}: {', '.join(bad)} not possible here; allowed: {', '.join(MODES)} "
+                 f"(graph needs --device cuda)")
+    if args.diagnose and "eager" not in modes:
+        ap.error("--diagnose times measured steps, which run eagerly: include eager in --modes")
     fns = {}
     for mode in modes:
         for name, m in variants.items():
             key = name if mode == "eager" else f"{name} [{mode}]"
             fns[key] = make_step(copy.deepcopy(m) if len(modes) > 1 else m, x, y, mode, name == "bf16 autocast")
+    for cfg in args.configs if args.diagnose else ():  # the measured step of each config, on its own copy
+        m = copy.deepcopy(variants[cfg])
+        fns[f"{cfg} measured"] = diagnosed(m, make_step(m, x, y, "eager", False))
     # Two warm-up rounds: kernel compilation, the allocator.
     t = alternate(fns, args.steps, warmup=2, sync=sync)
     def fp32_of(k: str) -> str:

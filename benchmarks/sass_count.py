@@ -29,11 +29,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from bfp import format_from_name  # noqa: E402
+from bfp import format_from_name, format_names  # noqa: E402
 from bfp.kernels.plan import canonical_4d, rule_for, tile_for  # noqa: E402
 from bfp.kernels.triton_cuda import element as E  # noqa: E402
 
-from _harness import emit_json  # noqa: E402
+from _harness import check_args, emit_json  # noqa: E402
 
 SHAPE = (64, 128, 32, 32)
 FORMATS = ("fb12", "fb16", "fb24", "float8_e4m3fn", "float8_e5m2", "bfloat16", "float16", "float4_e2m1fn",
@@ -216,7 +216,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the rows here too")
     p.add_argument("--formats", default=",".join(FORMATS))
     args = p.parse_args(argv)
-    rows = [count(n) for n in args.formats.split(",")] + [count("fb16", stats=True)] + count_nvfp4() \
+    check_args(p, json_path=args.json)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    bad = [f for f in formats if f not in format_names()] or ([] if formats else [args.formats])
+    if bad:  # refused before anything is compiled
+        p.error(f"--formats {', '.join(map(repr, bad))}: not a format name; allowed a comma-separated list of "
+                f"{', '.join(FORMATS)} or any bfp.format_names() entry")
+    rows = [count(n) for n in formats] + [count("fb16", stats=True)] + count_nvfp4() \
         + count_nvfp4(stochastic=True)[1:] + count_nvfp4((16, 16))[1:] + count_nvfp4(te=True) \
         + count_nvfp4((16, 16), te=True)[1:] + count_scaled() + count_hadamard() + count_fused() \
         + count_fused("h100_bf16") + count_inplace()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from ..diagnostics import sqnr_curve
@@ -24,6 +25,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> i
                    help="also plot LAYER's SQNR per quantization point over training (sqnr-LAYER.png) from "
                         "the runs' diagnostics.csv (train with --diagnose N)")
     args = p.parse_args(argv)
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"{prog}: error: -o {args.out} is a file; -o names the folder the PNG files go to", file=sys.stderr)
+        return 2
     try:
         for path in draw_curves(args.runs, args.out, args.labels, log_loss=args.log_loss):
             print(f"wrote {path}")
@@ -32,5 +36,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "draw_curve.py") -> i
             print(f"wrote {sqnr_curve(args.runs, args.sqnr, out, args.labels)}")
     except (FileNotFoundError, ValueError) as e:
         print(f"{prog}: error: {as_flags(str(e), {'diagnose', 'log'})}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a folder that cannot be made or written
+        print(f"{prog}: error: cannot write the plots to {args.out or 'the run folder'}: {e.strerror or e}",
+              file=sys.stderr)
         return 2
     return 0
