@@ -74,6 +74,15 @@ def _named_attention(model: nn.Module) -> nn.Module:
     return model
 
 
+def _sharded(model: nn.Module) -> list[str]:
+    """The names of ``model``'s modules that FSDP2's ``fully_shard`` has wrapped (none without torch.distributed)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed support
+        return []
+    return [n or "(model)" for n, m in model.named_modules() if isinstance(m, FSDPModule)]
+
+
 def trace_model(model: nn.Module, example_input: Any) -> nn.Module:
     """Trace one forward of ``example_input`` (``bfp.trace``) and keep it on ``model`` for every
     later ``convert``; ``nn.MultiheadAttention`` is replaced first (``_named_attention``). Returns
@@ -121,6 +130,12 @@ def convert(model: nn.Module, config: ConfigLike, example_input: Any = None, *,
         raise ValueError("convert needs the model itself, not torch.compile's wrapper of it (its graphs were traced "
                          "from the FP32 layers): convert first, then compile: model = torch.compile(bfp.convert("
                          "model, config)); the original is the wrapper's ._orig_mod")
+    sharded = _sharded(model)
+    if sharded:
+        raise ValueError(f"convert cannot convert a model fully_shard has already sharded ({', '.join(sharded[:3])}: "
+                         f"FSDP2 renamed their classes and holds their parameters as shards): convert first, then "
+                         f"shard: bfp.convert(model, config), then fully_shard(block) per block and "
+                         f"fully_shard(model)")
     scripted = [n or "(model)" for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)]
     if scripted:
         raise ValueError(f"convert cannot convert TorchScript modules ({', '.join(scripted[:5])}: torch.jit.script "

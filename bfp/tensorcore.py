@@ -78,6 +78,7 @@ import functools
 import json
 from dataclasses import replace
 from typing import Optional
+from .kernels.arrays import as_numpy
 
 import numpy as np
 import torch
@@ -167,11 +168,11 @@ def _gemm32(a: torch.Tensor, b: torch.Tensor, acc: FusedAccumulator, chains: lis
     for x, emin, e in zip((a, b), acc.emins(), (ea, eb)):
         with threads_for(x.numel()):
             rows = (x.shape[0] * x.shape[1], x.shape[2])
-            F.exponents32(x.view(rows).numpy(), emin, e.view(rows).numpy())
+            F.exponents32(as_numpy(x.view(rows)), emin, as_numpy(e.view(rows)))
     out = torch.empty(nb, m, n, dtype=torch.float32)
     bounds = np.array([chains[0][0]] + [e for _, e in chains], dtype=np.int64)
     with threads_for(nb * m * n * k, F.SERIAL_PRODUCTS):
-        F.fused_gemm32(a.numpy(), b.numpy(), ea.numpy(), eb.numpy(), out.numpy(), bounds, *_params(acc))
+        F.fused_gemm32(as_numpy(a), as_numpy(b), as_numpy(ea), as_numpy(eb), as_numpy(out), bounds, *_params(acc))
     return out
 
 
@@ -199,8 +200,8 @@ class _Kernel:
             pa[:, :e - s], pb[:e - s], pea[:, :e - s], peb[:e - s] = (self.a[:, s:e], self.b[s:e],
                                                                       self.ea[:, s:e], self.eb[s:e])
         out = pa.new_empty(m, n)
-        self.F.fused_chain(pa.numpy(), pb.numpy(), pea.numpy(), peb.numpy(), out.numpy(), *self.params, self.skip,
-                           SCALE_CAP)
+        self.F.fused_chain(as_numpy(pa), as_numpy(pb), as_numpy(pea), as_numpy(peb), as_numpy(out), *self.params,
+                           self.skip, SCALE_CAP)
         return out.float()  # a chain's result fits float32
 
 

@@ -175,7 +175,7 @@ def test_do_measures_eagerly_under_compile_and_lm_py_compiles(tmp_path, tiny_arg
     assert main(tiny_args("--bfp", "any_FB16", "--do", "Simple/0.6/0.8/0/1", "--do-every", "2", "--compile",
                           "default", "--training-epochs", "3", "--diagnose", "3", "--shadow", "True",
                           "--grad-histogram", "3", "--log", "True", "--run-name", "m", train_images=128)) == 0
-    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("--compile default:")][0]
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("torch.compile (default):")][0]
     compiled, eager = (int(w) for w in re.findall(r"(\d+) (?:forward calls ran compiled|eagerly)", line))
     assert compiled >= 1 and eager >= 1, line
     run = tmp_path / "runs" / "m"
@@ -197,7 +197,7 @@ def test_compile_under_ddp_and_emulated_workers_runs_the_model_compiled_inside(t
     from bfp.cli import cifar as main
     argv = tiny_args("--bfp", "any_FB16", "--compile", "default", "--training-epochs", "1", "--run-name", "ddp")
     out = launch(["cifar", json.dumps([argv])], timeout=400)[0]
-    assert re.search(r"--compile default: [1-9]\d* forward calls ran compiled", out), out[-2000:]
+    assert re.search(r"torch.compile \(default\): [1-9]\d* forward calls ran compiled", out), out[-2000:]
     assert main(tiny_args("--bfp", "any_FB16", "--compile", "default", "--training-epochs", "1",
                           "--emulate-node", "2", "--run-name", "emu")) == 0
-    assert re.search(r"--compile default: [1-9]\d* forward calls ran compiled", capsys.readouterr().out)
+    assert re.search(r"torch.compile \(default\): [1-9]\d* forward calls ran compiled", capsys.readouterr().out)

@@ -234,7 +234,7 @@ class Trainer:
                     break
             if self.compiled.mode != "none":
                 c = self.compiled
-                self.log(f"--compile {c.mode}: {c.calls['compiled']} forward calls ran compiled, {c.calls['eager']} "
+                self.log(f"torch.compile ({c.mode}): {c.calls['compiled']} forward calls ran compiled, {c.calls['eager']} "
                          f"eagerly (steps that were measured); graphs dropped for a precision change: {c.resets}")
             self.callbacks.call("on_train_end", self)
         except BaseException as e:

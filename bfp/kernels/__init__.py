@@ -21,6 +21,8 @@ import torch
 from ..formats import Format
 from .dispatch import DrawnKeys, check_history, delayed, draw_keys, format_json, needs_keys, parse_format, quantize_stats
 from . import p3109  # noqa: F401  (registers the P3109 family's rule)
+if torch.distributed.is_available():
+    from . import sharding  # noqa: F401  (the format op's DTensor sharding rules)
 
 __all__ = ["quantize", "quantize_stats", "zero_setting_error", "DrawnKeys", "draw_keys", "format_json", "needs_keys",
            "parse_format"]

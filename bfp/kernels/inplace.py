@@ -30,6 +30,7 @@ from . import quantize
 from .runtime import backend_for, kernel
 from .dispatch import _keys, device_keys
 from .plan import rule_for
+from .arrays import as_numpy
 
 
 def _fast(fmt: Format, *tensors: torch.Tensor) -> bool:
@@ -48,7 +49,7 @@ def _triton(fmt: Format, backend: Optional[str], *tensors: torch.Tensor):
 
 
 def _bits(t: torch.Tensor):
-    return t.detach().view(torch.int32).numpy().reshape(-1)
+    return as_numpy(t.detach().view(torch.int32)).reshape(-1)
 
 
 def quantize_(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,

@@ -20,7 +20,7 @@ def tensor(x, what: str, dtypes=FLOAT_DTYPES, min_dim: int = 0) -> None:
     """``x`` a dense (strided) tensor of one of ``dtypes`` with at least ``min_dim`` dims."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
-    if x.layout != torch.strided:
+    if not torch.compiler.is_compiling() and x.layout != torch.strided:  # dynamo's strict mode bans .layout
         raise TypeError(f"{what}: a {str(x.layout).replace('torch.', '')} tensor; only dense (strided) tensors are "
                         f"rounded (x.to_dense() first)")
     if x.dtype not in dtypes:

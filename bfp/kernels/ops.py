@@ -24,6 +24,7 @@ from .runtime import kernel
 from .plan import Rule, canonical_4d
 from .reference import quantize_reference
 from .scalar import MAG
+from .arrays import as_numpy
 
 __all__ = ["run_rule"]
 
@@ -61,7 +62,7 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
         if x.is_cuda:
             raise ValueError("backend='cpu' needs a CPU tensor; got one on " + str(x.device))
         kernel("pages", "cpu")(out)  # huge pages for the untouched output: numba_cpu/pages.py
-        nz, zc = kernel("rule", "cpu")(x.view(torch.int32).numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), r,
+        nz, zc = kernel("rule", "cpu")(as_numpy(x.view(torch.int32)).reshape(-1), as_numpy(out.view(torch.int32)).reshape(-1), r,
                          shape4, tile4, key_ints(keys), stats)
         return out, (torch.tensor([nz, zc], dtype=torch.int64) if stats else None)
     return out, kernel("rule", "triton")(x, out, r, shape4, tile4, keys, stats)

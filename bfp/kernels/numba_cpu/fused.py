@@ -34,6 +34,7 @@ import torch
 from numba import njit, prange
 
 from ..reference import ZERO_EXP, operand_exponents  # noqa: F401 (the kernels' callers use both here)
+from ..arrays import as_numpy
 
 
 def float32_exact(a: torch.Tensor, b: torch.Tensor, acc) -> bool:
@@ -41,7 +42,7 @@ def float32_exact(a: torch.Tensor, b: torch.Tensor, acc) -> bool:
     if not (acc.accumulator_in_alignment and acc.product_exponent == "operands" and acc.align_bits <= 16
             and acc.sum_bits <= 22):
         return False
-    return all(_in_range(x.detach().cpu().contiguous().numpy().reshape(-1), 2.0 ** -24, 2.0 ** 24) for x in (a, b))
+    return all(_in_range(as_numpy(x.detach().cpu().contiguous()).reshape(-1), 2.0 ** -24, 2.0 ** 24) for x in (a, b))
 
 
 # Below this many products (well under a millisecond on one core) a chain runs on the calling thread:

@@ -17,6 +17,7 @@ import torch
 from numba import njit, prange
 
 from .pages import advise
+from ..arrays import as_numpy
 
 COLS = 1024  # columns per work item
 
@@ -82,5 +83,5 @@ def transform_rows(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     if out.numel() == 0:
         return out
     advise(out)
-    _transform(t.reshape(-1).numpy(), out.view(-1).numpy(), factor.numpy(), A, R, C, b)
+    _transform(as_numpy(t.reshape(-1)), as_numpy(out.view(-1)), as_numpy(factor), A, R, C, b)
     return out

@@ -35,6 +35,7 @@ from ..nvfp4_codes import CHUNK, tensor_scale
 from .pages import advise
 from ..plan import MODE
 from ..scalar import EXP_INF, MAG, QNAN
+from ..arrays import as_numpy
 
 _MAG, _INF, _SIGN, _QNAN = np.int32(MAG), np.int32(EXP_INF), np.int32(-2 ** 31), np.int32(QNAN)
 _SIX, _LO, _HI = np.float32(E2M1_MAX), np.float32(E4M3_TINY), np.float32(E4M3_MAX)
@@ -270,7 +271,7 @@ def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
     R = shape[axis]
     C = int(np.prod(shape[axis + 1:], dtype=np.int64))
     row_max, row_quantize, col_max, col_quantize = kernels(MODE[fmt.rounding], fmt.block)
-    xb = x.view(torch.int32).numpy().reshape(-1)
+    xb = as_numpy(x.view(torch.int32)).reshape(-1)
     rows = C == 1 and not two_d  # the row kernels: 1-D blocks along the last axis
     bmax = np.empty(A * -(-R0 // b0) * -(-R // b1) * C, np.int32)
     if rows:
@@ -282,7 +283,7 @@ def quantize(x: torch.Tensor, axis: int, fmt: NVFP4, keys):
         return None
     out = torch.empty_like(x)
     advise(out)  # huge pages for the untouched output (pages.py)
-    args = (xb, x.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1), bmax)
+    args = (xb, as_numpy(x).reshape(-1), as_numpy(out.view(torch.int32)).reshape(-1), bmax)
     tail = (tensor_scale(top, fmt), keys[0], keys[1])
     if rows:
         row_quantize(*args, A, R, *tail)

@@ -26,6 +26,7 @@ from ..nvfp4_codes import tensor_scale
 from .nvfp4_cpu import COLS, _block_scale, _finite_mag, _out
 from .pages import advise
 from ..plan import MODE
+from ..arrays import as_numpy
 
 
 mode = 1  # a compile-time constant of each specialised kernel (bfp.kernels.numba_cpu.cpu.specialise)
@@ -92,7 +93,7 @@ def quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, keys):
     if A * nb * C == 0:
         return None
     block_max, block_quantize = kernels(MODE[fmt.rounding])
-    x, f = t.reshape(-1).numpy(), factor.numpy()
+    x, f = as_numpy(t.reshape(-1)), as_numpy(factor)
     bmax = np.empty(A * nb * C, np.int32)
     block_max(x, f, bmax, A, Rin, nb, C, b)
     top = int(bmax.max())
@@ -100,7 +101,7 @@ def quantize(t: torch.Tensor, factor: torch.Tensor, fmt: NVFP4, keys):
         return None
     out = torch.empty(*t.shape[:-2], nb * b, C, dtype=torch.float32)
     advise(out)
-    block_quantize(x, f, out.view(torch.int32).numpy().reshape(-1), bmax, A, Rin, nb, C, b,
+    block_quantize(x, f, as_numpy(out.view(torch.int32)).reshape(-1), bmax, A, Rin, nb, C, b,
                    tensor_scale(top, fmt), keys[0], keys[1])
     return out
 

@@ -28,6 +28,7 @@ from ..nvfp4_codes import E4M3, te_scales
 from .pages import advise
 from ..plan import MODE, rule_for
 from ..scalar import EXP_INF, MAG
+from ..arrays import as_numpy
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 _FMAX, _SIX, _E4 = np.float32(3.4028234663852886e38), np.float32(E2M1_MAX), np.float32(E4M3_MAX)
@@ -180,7 +181,7 @@ def quantize(x32: torch.Tensor, axis: int, fmt: NVFP4, keys) -> torch.Tensor:
     R = shape[axis]
     C = int(np.prod(shape[axis + 1:], dtype=np.int64))
     rows, col_max, cols = _kernels(MODE[fmt.rounding], fmt.block)
-    xb = x32.view(torch.int32).numpy().reshape(-1)
+    xb = as_numpy(x32.view(torch.int32)).reshape(-1)
     by_rows = C == 1 and not two_d  # the row kernel: 1-D blocks along the last axis
     if by_rows:
         top = int(amax_bits(xb))
@@ -191,7 +192,7 @@ def quantize(x32: torch.Tensor, axis: int, fmt: NVFP4, keys) -> torch.Tensor:
     s_dec, mult = te_scales(torch.tensor(top, dtype=torch.int32).view(torch.float32))
     out = torch.empty_like(x32)
     advise(out)  # huge pages for the untouched output (pages.py)
-    args = (xb, x32.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1))
+    args = (xb, as_numpy(x32).reshape(-1), as_numpy(out.view(torch.int32)).reshape(-1))
     tail = (np.float32(mult.item()), np.float32(s_dec.item()), _on_path(E4M3),
             np.int64(keys[0]), np.int64(keys[1]))
     if by_rows:

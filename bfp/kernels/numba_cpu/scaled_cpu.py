@@ -18,6 +18,7 @@ from .rule_cpu import _elem, _elem_nearest, _nearest_ok, _rand32, _round_f, _til
 from .pages import advise
 from ..plan import MODE, rule_for
 from ..scalar import EXP_INF, MAG
+from ..arrays import as_numpy
 
 _MAG, _INF = np.int32(MAG), np.int32(EXP_INF)
 STEP = 1 << 16  # elements per step of the parallel loops
@@ -78,7 +79,7 @@ def _kernel(rounding_mode: int):
 
 def amax(x32: torch.Tensor) -> torch.Tensor:
     """The largest finite magnitude of a contiguous CPU float32 tensor (0-dim float32)."""
-    bits = int(amax_bits(x32.view(torch.int32).numpy().reshape(-1)))
+    bits = int(amax_bits(as_numpy(x32.view(torch.int32)).reshape(-1)))
     return torch.tensor(bits, dtype=torch.int32).view(torch.float32)
 
 
@@ -88,6 +89,6 @@ def apply(x32: torch.Tensor, scale: torch.Tensor, fmt: Float, keys) -> torch.Ten
     consts = np.array([r.emin, r.man, r.maxkept, r.emaxq, r.ftz, r.ovf_inf, r.inf_nan], np.int64)
     out = torch.empty_like(x32)
     advise(out)
-    _kernel(MODE[fmt.rounding])(x32.numpy().reshape(-1), out.view(torch.int32).numpy().reshape(-1),
+    _kernel(MODE[fmt.rounding])(as_numpy(x32).reshape(-1), as_numpy(out.view(torch.int32)).reshape(-1),
                                 np.float32(scale.item()), np.float32(fmt.max), consts, keys[0], keys[1])
     return out

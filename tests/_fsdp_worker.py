@@ -1,0 +1,136 @@
+"""One rank of the FSDP2 tests (tests/test_fsdp.py), RANK/WORLD_SIZE/MASTER_* set by the test.
+
+    python tests/_fsdp_worker.py PRESET OUT.pt
+    python tests/_fsdp_worker.py --reference PRESET OUT.pt WORLD   (one process, as the ranks' threads)
+
+A small GPT (attention included) converted to PRESET, then ``fully_shard`` on every block and the
+root (FSDP2 on gloo, CPU), trained ``STEPS`` SGD steps on this rank's slice of each global batch; rank
+0 saves the full parameters after training. ``reference(preset, world)`` is what it must equal: the
+same model in one process, each worker's gradient computed on its slice, averaged, the same SGD."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STEPS, BATCH, T, VOCAB = int(os.environ.get("FSDP_STEPS", 3)), 8, 8, 32
+
+
+def model(preset: str) -> nn.Module:
+    import bfp
+    from bfp.models.gpt import GPT
+    torch.manual_seed(0)
+    m = GPT(vocab=VOCAB, block=T, dim=32, depth=2, heads=2)
+    if preset == "fp32":
+        return m
+    return bfp.convert(m, preset, example_input=torch.zeros(2, T, dtype=torch.long))
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        x = torch.randint(0, VOCAB, (BATCH, T), generator=g)
+        yield x, torch.randint(0, VOCAB, (BATCH * T,), generator=g)
+
+
+def loss_of(m, x, y):
+    return nn.functional.cross_entropy(m(x), y)
+
+
+def reference(preset: str, world: int) -> dict[str, torch.Tensor]:
+    """Data parallel in one process, exactly: with two workers (g0 + g1) / 2 is the same float in any
+    order and FSDP's division by 2 is exact, however it splits it."""
+    m = model(preset)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    for x, y in batches():
+        grads = []
+        for xs, ys in zip(x.chunk(world), y.chunk(world)):
+            m.zero_grad(set_to_none=True)
+            loss_of(m, xs, ys).backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        for p, *gs in zip(m.parameters(), *grads):
+            p.grad = (gs[0] + gs[1]) / 2
+        opt.step()
+    return {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+def main(preset: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    try:
+        m = model(preset)
+        for block in m.blocks:
+            fully_shard(block)
+        fully_shard(m)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        for x, y in batches():
+            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+            opt.zero_grad(set_to_none=True)
+            loss_of(m, xs, ys).backward()
+            opt.step()
+        full = {k: v.full_tensor() for k, v in m.named_parameters()}
+        if rank == 0:
+            torch.save(full, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def tensor_parallel(preset: str, out: str) -> None:
+    """A converted MLP with its middle GEMMs column- then row-parallel (``parallelize_module``) on this
+    rank's mesh; rank 0 saves the output and gradients, and the unparallelized model's, for the test."""
+    import copy
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    import bfp
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        torch.manual_seed(0)
+        m = bfp.convert(nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32),
+                                      nn.Linear(32, 4)), preset, example_input=torch.randn(2, 8))
+        ref = copy.deepcopy(m)
+        mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+        parallelize_module(m, mesh, {"1": ColwiseParallel(), "3": RowwiseParallel()})
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
+        got, want = m(x), ref(x)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                 for n, p in m.named_parameters()}
+        if int(os.environ["RANK"]) == 0:
+            torch.save({"got": got.detach(), "want": want.detach(), "grads": grads,
+                        "ref_grads": {n: p.grad for n, p in ref.named_parameters()}}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT
+        tensor_parallel(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "--convert-sharded":  # one rank: converting after fully_shard is refused, saying why
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        import bfp
+        dist.init_process_group("gloo")
+        m = model("fp32")
+        for block in m.blocks:
+            fully_shard(block)
+        fully_shard(m)
+        try:
+            bfp.convert(m, json.loads(sys.argv[2]) if sys.argv[2].startswith("{") else sys.argv[2])
+        except ValueError as e:
+            print(f"refused: {e}")
+        dist.destroy_process_group()
+    elif sys.argv[1] == "--reference":
+        torch.set_num_threads(1)
+        torch.save(reference(sys.argv[2], int(sys.argv[4])), sys.argv[3])
+    else:
+        main(*sys.argv[1:])
