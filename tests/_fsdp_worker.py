@@ -17,7 +17,7 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-STEPS, BATCH, T, VOCAB = int(os.environ.get("FSDP_STEPS", 3)), 8, 8, 32
+STEPS, BATCH, T, VOCAB = int(os.environ.get("FSDP_STEPS", 3)), 12, 8, 32
 
 
 def model(preset: str) -> nn.Module:
@@ -82,6 +82,63 @@ def main(preset: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+def grad_reduce(order: str, fmt: str, average: bool):
+    from bfp.distributed.reduce import RoundedReduce
+    from bfp.formats import Float, format_from_name
+    f = Float(5, 10, overflow="inf") if fmt == "ieee-fp16" else format_from_name(fmt)
+    return RoundedReduce(f, order=order, average=average)
+
+
+def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str) -> None:
+    """FSDP2 training of the FP32 GPT with ``kind``: ``real16`` (torch's own float16 reduce-scatter,
+    ``MixedPrecisionPolicy(reduce_dtype=float16)``), ``replay16`` (the same policy, the rounded comm in
+    replay mode summing in ``fmt`` and ``order``), ``simulate`` (the comm averaging in ``fmt``/``order``)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from bfp.distributed.fsdp import install_rounded_reduce_scatter
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    try:
+        m = model("fp32")
+        mp = MixedPrecisionPolicy(reduce_dtype=torch.float16) if kind in ("real16", "replay16") else MixedPrecisionPolicy()
+        for block in m.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(m, mp_policy=mp)
+        comms = []
+        if kind != "real16":
+            comms = install_rounded_reduce_scatter(m, grad_reduce(order, fmt, kind == "simulate"),
+                                                   "replay" if kind == "replay16" else "simulate")
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        for x, y in batches():
+            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+            opt.zero_grad(set_to_none=True)
+            loss_of(m, xs, ys).backward()
+            opt.step()
+        full = {k: v.full_tensor() for k, v in m.named_parameters()}
+        if rank == 0:
+            torch.save({"params": full, "calls": sum(c.calls for c in comms)}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def rs_reference(order: str, fmt: str, world: int) -> dict[str, torch.Tensor]:
+    """One process: each worker's gradient on its slice, stacked and reduced by ``RoundedReduce``
+    parameter by parameter (averaging), the same SGD."""
+    m, reduce = model("fp32"), grad_reduce(order, fmt, True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+    for x, y in batches():
+        grads = []
+        for xs, ys in zip(x.chunk(world), y.chunk(world)):
+            m.zero_grad(set_to_none=True)
+            loss_of(m, xs, ys).backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        for p, *gs in zip(m.parameters(), *grads):
+            p.grad = reduce(torch.stack(gs))
+        opt.step()
+    return {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
 def tensor_parallel(preset: str, out: str) -> None:
     """A converted MLP with its middle GEMMs column- then row-parallel (``parallelize_module``) on this
     rank's mesh; rank 0 saves the output and gradients, and the unparallelized model's, for the test."""
@@ -113,7 +170,9 @@ def tensor_parallel(preset: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT
+    if sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT
+        rounded_reduce_scatter(*sys.argv[2:6])
+    elif sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT
         tensor_parallel(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--convert-sharded":  # one rank: converting after fully_shard is refused, saying why
         import torch.distributed as dist
@@ -129,6 +188,9 @@ if __name__ == "__main__":
         except ValueError as e:
             print(f"refused: {e}")
         dist.destroy_process_group()
+    elif sys.argv[1] == "--rs-reference":  # ORDER FORMAT OUT WORLD
+        torch.set_num_threads(1)
+        torch.save(rs_reference(sys.argv[2], sys.argv[3], int(sys.argv[5])), sys.argv[4])
     elif sys.argv[1] == "--reference":
         torch.set_num_threads(1)
         torch.save(reference(sys.argv[2], int(sys.argv[4])), sys.argv[3])

@@ -131,3 +131,66 @@ def test_the_rules_shard_only_where_a_shard_rounds_as_the_whole():
     assert shardable_dims(f("nvfp4"), (64, 96)) == []  # a per-tensor scale
     assert shardable_dims(Scaled(f("e4m3")), (64, 96)) == []
     assert shardable_dims(f("e4m3").with_rounding("stochastic"), (4, 8)) == []  # draws hash whole-tensor indices
+
+
+def _run_rs(world, kind, order, fmt, out):
+    """``_fsdp_worker.py --rs``: FSDP2 training of the FP32 GPT with a reduce-scatter of ``kind``."""
+    env = _env(world)
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--rs", kind, order, fmt,
+                               str(out)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-3000:]
+    return torch.load(out)
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_the_comm_replays_torchs_real_float16_reduce_scatter_bit_for_bit(world, tmp_path):
+    """Issue 55, item 4: FSDP2 with MixedPrecisionPolicy(reduce_dtype=float16) on gloo, against the same
+    policy with the rounded comm in replay mode (IEEE float16 sums in gloo's order, FSDP's own
+    division around it): the same weights after three steps. At W = 3 the control, the comm adding in
+    rank order instead, differs: the order is what makes the match."""
+    real = _run_rs(world, "real16", "gloo", "ieee-fp16", tmp_path / "real.pt")
+    replay = _run_rs(world, "replay16", "gloo", "ieee-fp16", tmp_path / "replay.pt")
+    assert replay["calls"] == 3 * 3 and _same(real["params"], replay["params"])  # 3 FSDP modules x 3 steps
+    if world == 3:
+        control = _run_rs(world, "replay16", "sequential", "ieee-fp16", tmp_path / "control.pt")
+        assert not _same(real["params"], control["params"])
+
+
+@pytest.mark.parametrize("world, fmt", [(3, "e4m3"), (2, "fb16")])
+def test_the_rounded_reduce_scatter_equals_rounded_reduce_on_the_stacked_worker_gradients(world, fmt, tmp_path,
+                                                                                         fp32):
+    """Issue 55, item 2: the comm averaging in ``fmt`` (sequential order, FSDP's division off) trains as
+    one process that stacks every worker's gradient and reduces it with RoundedReduce; the rounding
+    shows (the weights are not FP32 data parallelism's)."""
+    got = _run_rs(world, "simulate", "sequential", fmt, tmp_path / "sim.pt")
+    out = tmp_path / "ref.pt"
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--rs-reference", "sequential", fmt,
+                        str(out), str(world)], env=_env(world), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = torch.load(out)
+    assert got["calls"] == 9 and _same(got["params"], want)
+    if world == 2:
+        assert not _same(got["params"], fp32)
+
+
+def test_installing_needs_a_sharded_model_and_a_known_mode():
+    import torch.nn as nn
+    from bfp.distributed.fsdp import install_rounded_reduce_scatter
+    from bfp.distributed.reduce import RoundedReduce
+    from bfp.formats import format_from_name
+    with pytest.raises(ValueError, match="mode 'x': allowed simulate, replay"):
+        install_rounded_reduce_scatter(nn.Linear(2, 2), RoundedReduce(format_from_name("e4m3")), "x")
+    with pytest.raises(ValueError, match="needs a model fully_shard has sharded"):
+        install_rounded_reduce_scatter(nn.Linear(2, 2), RoundedReduce(format_from_name("e4m3")))

@@ -1,0 +1,126 @@
+"""The rounded gradient reduce-scatter of FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+``install_rounded_reduce_scatter(model, reduce)`` gives every FSDP module of ``model`` (the setting is
+not recursive) a ``RoundedReduceScatter``: FSDP hands it this rank's whole gradient of the module's
+parameters as one flat buffer of ``W`` rows, row ``r`` holding the dim-0-padded shard ``r`` of every
+parameter (FSDP's ``foreach_reduce``), and takes back row ``rank`` reduced. The comm all-gathers the
+buffers (every worker's gradient on every rank: ``W`` times a ring's traffic, the transport of the
+DDP hook's orders that need the whole buffer) and reduces them with ``RoundedReduce``:
+
+* ``gloo`` (and the other library orders, ``nccl-ring``, ``nccl-tree``): on FSDP's flat buffer as it
+  is, which is what gloo's ``reduce_scatter`` does (its ring all-reduce of the whole buffer, then
+  chunk ``rank`` kept); APS shifts each parameter's shard segment of a row by its own exponent (the
+  library adds the flat buffer, so a parameter's shards are separate segments there). NCCL's ring
+  reduce-scatter starts rank ``d``'s segment at ``d + 1`` (``src/device/reduce_scatter.h``), which its
+  all-reduce order does not model: ``nccl-ring`` here is the all-reduce's order, stated, not NCCL's
+  reduce-scatter's.
+* ``sequential`` and ``param-ring``: parameter by parameter in its (dim-0 padded) shape, so
+  ``BlockFloat`` tiles and ``MX`` blocks are the parameter's own; FSDP's padding rows are zeros and
+  round to zero (a tile that spans dim 0 sees them as zeros, the only rule where the cut meets a tile).
+
+**Division.** ``mode="simulate"`` (the default) owns the division: FSDP's own is switched off
+(``set_gradient_divide_factor(1.0)``, ``set_force_sum_reduction_for_comms(True)``) and the reduction
+averages as ``reduce`` says (``average``, ``divide``), as the DDP hook does. ``mode="replay"`` leaves
+FSDP's division as it is (its pre- and post-divide factors around a summing comm): with ``reduce`` a
+summing float16 reduction in the ``gloo`` order it reproduces FSDP's real
+``MixedPrecisionPolicy(reduce_dtype=torch.float16)`` reduce-scatter on gloo bit for bit (tested at W
+= 3 and 4). The reduced values are written in the buffer's dtype.
+
+The layout is read from FSDP's parameter group (``FSDPParam.padded_sharded_param_size``, its
+``fsdp_placement``), private torch attributes checked when the comm is installed.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .hook import gather_workers
+from .reduce import LIBRARY_ORDERS, RoundedReduce
+
+__all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "MODES"]
+
+MODES = ("simulate", "replay")
+
+
+class RoundedReduceScatter:
+    """FSDP2's ``ReduceScatter`` comm (``torch.distributed.fsdp``) through ``RoundedReduce`` (module
+    docstring); ``shapes``: the padded unsharded shape of each parameter of the FSDP module, in FSDP's
+    order."""
+
+    def __init__(self, reduce: RoundedReduce, shapes: list[torch.Size]):
+        self.reduce, self.shapes = reduce, [torch.Size(s) for s in shapes]
+        self.calls = 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op=None,
+                 async_op: bool = False):
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        n = output_tensor.numel()
+        if input_tensor.numel() != world * n or sum(s.numel() for s in self.shapes) != world * n:
+            raise RuntimeError(f"FSDP's reduce-scatter buffer holds {input_tensor.numel()} elements for {world} ranks "
+                               f"of {n}; the parameters' padded sizes add to {sum(s.numel() for s in self.shapes)}")
+        stack = gather_workers(input_tensor.reshape(1, -1).float(), group)  # [W workers, W * n]
+        output_tensor.copy_(self._reduce(stack, world)[rank * n:(rank + 1) * n])
+        self.calls += 1
+        return None
+
+    def _reduce(self, stack: torch.Tensor, world: int) -> torch.Tensor:
+        """Every worker's flat buffer ([W, W * n]) reduced, in FSDP's flat layout."""
+        sizes = [s.numel() // world for s in self.shapes]  # one shard segment of each parameter a row
+        if self.reduce.order in LIBRARY_ORDERS:  # the flat buffer as the library adds it
+            return self.reduce(stack, sizes * world)
+        rows = stack.reshape(stack.shape[0], world, -1)  # [worker, row, n]
+        out = torch.empty(world, rows.shape[-1], dtype=torch.float32, device=stack.device)
+        off = 0
+        for shape, k in zip(self.shapes, sizes):
+            full = rows[:, :, off:off + k].reshape(stack.shape[0], *shape)  # each worker's padded gradient
+            out[:, off:off + k] = self.reduce(full).reshape(world, k)
+            off += k
+        return out.reshape(-1)
+
+
+def _fsdp_modules(model: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def _padded_shapes(module: nn.Module, world: int) -> list[torch.Size]:
+    groups = module._get_fsdp_state()._fsdp_param_groups
+    if len(groups) != 1:
+        raise ValueError(f"{type(module).__name__}: {len(groups)} FSDP parameter groups; the rounded reduce-scatter "
+                         f"takes one (no shard_placement_fn meshes)")
+    shapes = []
+    for p in groups[0].fsdp_params:
+        if p.fsdp_placement.dim != 0:
+            raise ValueError(f"{type(module).__name__}: a parameter sharded on dim {p.fsdp_placement.dim}; the rounded "
+                             f"reduce-scatter models FSDP's default dim-0 sharding")
+        s = p.padded_sharded_param_size
+        shapes.append(torch.Size((s[0] * world, *s[1:])))
+    return shapes
+
+
+def install_rounded_reduce_scatter(model: nn.Module, reduce: RoundedReduce, mode: str = "simulate",
+                                   group: Optional[dist.ProcessGroup] = None) -> list[RoundedReduceScatter]:
+    """A ``RoundedReduceScatter`` on every FSDP module of ``model`` (``fully_shard`` applied first);
+    returns them (their ``calls`` count the reductions run)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: allowed {', '.join(MODES)}")
+    modules = _fsdp_modules(model)
+    if not modules:
+        raise ValueError("install_rounded_reduce_scatter needs a model fully_shard has sharded; none of its "
+                         "modules is an FSDP module (apply fully_shard first)")
+    world = dist.get_world_size(group)
+    comms = []
+    for m in modules:
+        comm = RoundedReduceScatter(reduce, _padded_shapes(m, world))
+        if mode == "simulate":  # the comm divides as ``reduce`` says; FSDP's own division off
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+        m.set_custom_reduce_scatter(comm)
+        comms.append(comm)
+    return comms
