@@ -139,6 +139,57 @@ def rs_reference(order: str, fmt: str, world: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in m.named_parameters()}
 
 
+def rounded_all_gather(fmt: str, out: str) -> None:
+    """FSDP2 training of the FP32 GPT whose weights are rounded to ``fmt`` as they are all-gathered."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from bfp.distributed.fsdp import install_rounded_all_gather
+    from bfp.formats import format_from_name
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    try:
+        m = model("fp32")
+        for block in m.blocks:
+            fully_shard(block)
+        fully_shard(m)
+        comms = install_rounded_all_gather(m, format_from_name(fmt))
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        for x, y in batches():
+            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
+            opt.zero_grad(set_to_none=True)
+            loss_of(m, xs, ys).backward()
+            opt.step()
+        full = {k: v.full_tensor() for k, v in m.named_parameters()}
+        if rank == 0:
+            torch.save({"params": full, "calls": sum(c.calls for c in comms)}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def ag_reference(fmt: str, world: int) -> dict[str, torch.Tensor]:
+    """One process: the FP32 master rounded to ``fmt`` before every forward, the gradients (taken at the
+    rounded weights) averaged over two workers and applied to the master."""
+    import bfp
+    f = bfp.format_from_name(fmt)
+    m = model("fp32")
+    master = [p.detach().clone().requires_grad_(True) for p in m.parameters()]
+    opt = torch.optim.SGD(master, lr=0.5)
+    for x, y in batches():
+        with torch.no_grad():
+            for p, w in zip(m.parameters(), master):
+                p.copy_(bfp.quantize(w, f))
+        grads = []
+        for xs, ys in zip(x.chunk(world), y.chunk(world)):
+            m.zero_grad(set_to_none=True)
+            loss_of(m, xs, ys).backward()
+            grads.append([p.grad.clone() for p in m.parameters()])
+        for w, *gs in zip(master, *grads):
+            w.grad = (gs[0] + gs[1]) / 2
+        opt.step()
+    return {k: w.detach().clone() for (k, _), w in zip(m.named_parameters(), master)}
+
+
 def tensor_parallel(preset: str, out: str) -> None:
     """A converted MLP with its middle GEMMs column- then row-parallel (``parallelize_module``) on this
     rank's mesh; rank 0 saves the output and gradients, and the unparallelized model's, for the test."""
@@ -170,7 +221,12 @@ def tensor_parallel(preset: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT
+    if sys.argv[1] == "--ag":  # rounded all-gather: FORMAT OUT
+        rounded_all_gather(*sys.argv[2:4])
+    elif sys.argv[1] == "--ag-reference":  # FORMAT OUT WORLD
+        torch.set_num_threads(1)
+        torch.save(ag_reference(sys.argv[2], int(sys.argv[4])), sys.argv[3])
+    elif sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT
         rounded_reduce_scatter(*sys.argv[2:6])
     elif sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT
         tensor_parallel(sys.argv[2], sys.argv[3])

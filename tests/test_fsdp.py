@@ -194,3 +194,39 @@ def test_installing_needs_a_sharded_model_and_a_known_mode():
         install_rounded_reduce_scatter(nn.Linear(2, 2), RoundedReduce(format_from_name("e4m3")), "x")
     with pytest.raises(ValueError, match="needs a model fully_shard has sharded"):
         install_rounded_reduce_scatter(nn.Linear(2, 2), RoundedReduce(format_from_name("e4m3")))
+
+
+def test_the_rounded_all_gather_trains_as_rounding_the_master_before_every_forward(tmp_path, fp32):
+    """Issue 55, item 3: the sharded FP32 master rounded to e4m3 as FSDP2 gathers it; the layers compute
+    on the gathered values and the optimizer updates the master: one process that rounds its master
+    before each forward gives the same master bit for bit, and not FP32's."""
+    env = _env(2)
+    out = tmp_path / "ag.pt"
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--ag", "e4m3", str(out)],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o[-3000:]
+    got = torch.load(out)
+    ref = tmp_path / "ref.pt"
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--ag-reference", "e4m3", str(ref), "2"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert got["calls"] > 0 and _same(got["params"], torch.load(ref))
+    assert not _same(got["params"], fp32)
+
+
+def test_the_rounded_all_gather_takes_element_wise_formats_only():
+    import torch.nn as nn
+    from bfp.distributed.fsdp import install_rounded_all_gather
+    from bfp.formats import format_from_name
+    with pytest.raises(ValueError, match="element-wise format with deterministic rounding.*got BlockFloat"):
+        install_rounded_all_gather(nn.Linear(2, 2), format_from_name("fb16"))
+    with pytest.raises(ValueError, match="needs a model fully_shard has sharded"):
+        install_rounded_all_gather(nn.Linear(2, 2), format_from_name("e4m3"))

@@ -26,6 +26,15 @@ summing float16 reduction in the ``gloo`` order it reproduces FSDP's real
 ``MixedPrecisionPolicy(reduce_dtype=torch.float16)`` reduce-scatter on gloo bit for bit (tested at W
 = 3 and 4). The reduced values are written in the buffer's dtype.
 
+**The rounded weight all-gather.** ``install_rounded_all_gather(model, fmt)`` sets a
+``RoundedAllGather`` on every FSDP module: each rank rounds its shards of the parameters (FSDP's
+all-gather input, in ``param_dtype``: float32, or bfloat16 under a ``MixedPrecisionPolicy``, which then
+models TorchTitan's double rounding, the cast to bfloat16 and then the format) to ``fmt`` before they
+are sent, and the layers compute on the values communicated; the sharded FP32 master is not touched
+(the optimizer updates it). FSDP's buffer is flat, so only element-wise formats are taken (a block
+format's tiles would need each parameter's shape; refused with that reason). Tested: training equals
+one process that rounds the master before every forward.
+
 The layout is read from FSDP's parameter group (``FSDPParam.padded_sharded_param_size``, its
 ``fsdp_placement``), private torch attributes checked when the comm is installed.
 """
@@ -40,7 +49,8 @@ import torch.nn as nn
 from .hook import gather_workers
 from .reduce import LIBRARY_ORDERS, RoundedReduce
 
-__all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "MODES"]
+__all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "RoundedAllGather", "install_rounded_all_gather",
+           "MODES"]
 
 MODES = ("simulate", "replay")
 
@@ -122,5 +132,40 @@ def install_rounded_reduce_scatter(model: nn.Module, reduce: RoundedReduce, mode
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
         m.set_custom_reduce_scatter(comm)
+        comms.append(comm)
+    return comms
+
+
+class RoundedAllGather:
+    """FSDP2's ``AllGather`` comm: this rank's shards rounded to ``fmt``, then gathered (module docstring)."""
+
+    def __init__(self, fmt):
+        self.fmt, self.calls = fmt, 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, async_op: bool = False):
+        from ..kernels import quantize
+        self.calls += 1
+        return dist.all_gather_into_tensor(output_tensor, quantize(input_tensor, self.fmt), group=group,
+                                           async_op=async_op)
+
+
+def install_rounded_all_gather(model: nn.Module, fmt) -> list[RoundedAllGather]:
+    """A ``RoundedAllGather`` of ``fmt`` (an element-wise format) on every FSDP module of ``model``."""
+    from ..kernels import needs_keys
+    from ..formats import Format
+    if not isinstance(fmt, Format) or not fmt.elementwise or needs_keys(fmt) or fmt.history_length:
+        raise ValueError(f"the rounded all-gather takes an element-wise format with deterministic rounding (FSDP "
+                         f"gathers one flat buffer of every parameter's shard: a block format's tiles would need each "
+                         f"parameter's shape, stochastic draws the whole tensor's indices), got {fmt!r}")
+    modules = _fsdp_modules(model)
+    if not modules:
+        raise ValueError("install_rounded_all_gather needs a model fully_shard has sharded (apply fully_shard first)")
+    comms = []
+    for m in modules:
+        comm = RoundedAllGather(fmt)
+        m.set_custom_all_gather(comm)
         comms.append(comm)
     return comms
