@@ -46,6 +46,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..formats import Format
+from ..kernels import needs_keys, quantize
 from .hook import gather_workers
 from .reduce import LIBRARY_ORDERS, RoundedReduce
 
@@ -146,7 +148,6 @@ class RoundedAllGather:
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, async_op: bool = False):
-        from ..kernels import quantize
         self.calls += 1
         return dist.all_gather_into_tensor(output_tensor, quantize(input_tensor, self.fmt), group=group,
                                            async_op=async_op)
@@ -154,8 +155,6 @@ class RoundedAllGather:
 
 def install_rounded_all_gather(model: nn.Module, fmt) -> list[RoundedAllGather]:
     """A ``RoundedAllGather`` of ``fmt`` (an element-wise format) on every FSDP module of ``model``."""
-    from ..kernels import needs_keys
-    from ..formats import Format
     if not isinstance(fmt, Format) or not fmt.elementwise or needs_keys(fmt) or fmt.history_length:
         raise ValueError(f"the rounded all-gather takes an element-wise format with deterministic rounding (FSDP "
                          f"gathers one flat buffer of every parameter's shard: a block format's tiles would need each "
