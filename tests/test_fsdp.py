@@ -230,3 +230,40 @@ def test_the_rounded_all_gather_takes_element_wise_formats_only():
         install_rounded_all_gather(nn.Linear(2, 2), format_from_name("fb16"))
     with pytest.raises(ValueError, match="needs a model fully_shard has sharded"):
         install_rounded_all_gather(nn.Linear(2, 2), format_from_name("e4m3"))
+
+
+def test_cifar_py_fsdp_trains_as_ddp_with_the_same_rounded_reduction(tiny_args, tmp_path):
+    """Issue 55, item 5: ``--fsdp`` under torchrun (2 gloo ranks) with an e4m3 sequential gradient
+    reduction trains exactly as DDP with the same rounded hook (losses to the last digit: FSDP gathers
+    the same weights, and its reduce-scatter adds what DDP's all-reduce adds); lm.py runs under --fsdp
+    with its weights all-gathered in bfloat16."""
+    import json
+    from test_distributed import launch
+    common = ["--bfp", "any_FB16", "--training-epochs", "2", "--grad-format", "e4m3", "--grad-order", "sequential",
+              "--log", "True"]
+    out = launch(["cifar", json.dumps([tiny_args(*common, "--fsdp", "True", "--run-name", "fsdp"),
+                                       tiny_args(*common, "--run-name", "ddp")])], timeout=400)[0]
+    assert "FSDP2 (fully_shard per block and the root)" in out, out[-3000:]
+    runs = tmp_path / "runs"
+    metrics = {n: [(r["train_loss"], r["test_loss"], r["test_acc1"]) for r in
+                   map(json.loads, (runs / n / "metrics.jsonl").read_text().splitlines())] for n in ("fsdp", "ddp")}
+    assert len(metrics["fsdp"]) == 2 and metrics["fsdp"] == metrics["ddp"]
+    lm = ["--model-opt", "dim=32", "--model-opt", "depth=2", "--model-opt", "heads=2", "--block-size", "16",
+          "--batch-size-train", "16", "--batch-size-test", "32", "--threads", "1", "--progress", "False",
+          "--sample-chars", "8", "--bfp", "any_fp8_e4m3", "--training-epochs", "1", "--limit-train-images", "64",
+          "--limit-test-images", "32", "--device", "cpu", "--fsdp", "True", "--param-comm-format", "bfloat16",
+          "--grad-format", "e5m2", "--run-dir", str(tmp_path / "lm")]
+    out = launch(["cifar", json.dumps([{"task": "lm", "argv": lm}])], timeout=400)[0]
+    assert "weights all-gathered in Float(e8m7" in out and "epoch 1/1" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--param-comm-format", "e4m3"], "--param-comm-format e4m3 rounds FSDP's weight all-gather: add --fsdp"),
+    (["--fsdp", "True", "--save", "True"], "--fsdp does not combine with --save yet (checkpoints"),
+    (["--fsdp", "True", "--emulate-node", "2"], "--fsdp shards over processes, one worker each"),
+    (["--fsdp", "True"], "--fsdp shards the model over processes: launch with torchrun"),
+])
+def test_fsdp_flags_are_refused_where_they_cannot_work(tiny_args, capsys, flags, message):
+    from bfp.cli import cifar as main
+    assert main(tiny_args("--bfp", "any_FB16", "--training-epochs", "1", *flags)) == 2
+    assert message in capsys.readouterr().err

@@ -65,6 +65,14 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
     g.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help="how long a process waits to join the process group, and for any collective, "
                         "before it stops with an error naming the address (a dead or frozen peer)")
+    g.add_argument("--fsdp", **boolean, default=False,
+                   help="under torchrun: shard the model with PyTorch's FSDP2 (fully_shard per block, then the "
+                        "root) instead of DDP; the gradient flags round its reduce-scatter (docs/distributed.md). "
+                        "Checkpoints, resume, -tc precision changes, --do, --diagnose, --compile and --cuda-graph "
+                        "are not available with it yet")
+    g.add_argument("--param-comm-format", default=None, metavar="NAME",
+                   help="--fsdp: round each rank's weight shards to this element-wise format (e4m3, bfloat16 ...) "
+                        "before FSDP all-gathers them; the layers compute on the gathered values")
     g.add_argument("--emulate-node", "--emulate_node", dest="emulate_node", type=int, default=1, metavar="N",
                    help="emulate N workers per process: each batch is cut into N micro-batches whose "
                         "gradients go through the same rounded reduction")

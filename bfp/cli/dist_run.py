@@ -24,6 +24,7 @@ from ..distributed import env as dist_env
 from ..distributed.buckets import bucket_limits
 from ..distributed.ddp import DDPStep
 from ..distributed.emulated import EmulatedStep
+from ..distributed.fsdp import FSDPStep
 from ..distributed.orders import NcclOptions
 from ..distributed.reduce import RoundedReduce, check_grad_format
 from ..engine.step import PlainStep
@@ -66,7 +67,24 @@ class DistSetup:
         where = (f"rank {self.env.rank} of {self.env.world_size} ({self.env.source})" if self.env.distributed
                  else "one process")
         text = f"{where}, {workers} worker(s), {torch.get_num_threads()} CPU thread(s)"  # --threads, or the cores
+        if isinstance(self.step, FSDPStep):
+            text += ", FSDP2 (fully_shard per block and the root)" + (
+                f", weights all-gathered in {self.step.param_fmt!r}" if self.step.param_fmt is not None else "")
         return text + (f"; {self.reduce.describe()}" if self.reduce is not None else "")
+
+
+def param_comm_format(args: argparse.Namespace) -> Optional[Format]:
+    """--param-comm-format's format (an element-wise one), or None."""
+    if getattr(args, "param_comm_format", None) is None:
+        return None
+    try:
+        fmt = format_from_name(args.param_comm_format)
+    except ValueError as e:
+        raise UsageError(f"--param-comm-format: {e}") from None
+    if not fmt.elementwise:
+        raise UsageError(f"--param-comm-format {args.param_comm_format}: FSDP gathers one flat buffer of every "
+                         f"parameter's shard; give an element-wise format (e4m3, e5m2, bfloat16, float16 ...)")
+    return fmt
 
 
 def grad_format(args: argparse.Namespace) -> Optional[Format]:
@@ -172,8 +190,12 @@ def distributed_setup(args: argparse.Namespace, device: torch.device, plan: Any 
                          f": drop --nodes or give --grad-order nccl-tree")
     if reduce is not None and reduce.order == "nccl-tree" and workers % args.nodes:
         raise UsageError(f"--nodes {args.nodes} does not divide the {workers} workers")
-    if e.distributed and args.emulate_node == 1:
-        step: Any = DDPStep(reduce if rounded else None, device, bucket_cap_mb=args.bucket_cap_mb)
+    if getattr(args, "fsdp", False) and not e.distributed:
+        raise UsageError("--fsdp shards the model over processes: launch with torchrun (or srun), 2 or more")
+    if getattr(args, "fsdp", False):
+        step: Any = FSDPStep(reduce if rounded else None, param_comm_format(args))
+    elif e.distributed and args.emulate_node == 1:
+        step = DDPStep(reduce if rounded else None, device, bucket_cap_mb=args.bucket_cap_mb)
     elif reduce is not None:
         step = EmulatedStep(args.emulate_node, reduce, bucket_cap_mb=args.bucket_cap_mb)
     else:

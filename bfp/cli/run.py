@@ -139,6 +139,8 @@ def _train(spec: RunSpec, *, suffix: str = "", stream=None) -> dict[str, Any]:
                     f"-tc {args.train_config_file}: bfp-layer-conf-dict[0]" if from_plan else "--bfp",
                     strict=args.strict_coverage)
     check_plan_configs(model, plan, initial, args.train_config_file)
+    if hasattr(dist.step, "shard"):  # --fsdp: sharded before the optimizer takes the parameters
+        model = dist.step.shard(model.to(device))
 
     writes = args.log or args.save
     run_dir = resumed_run_dir(args, resumed.path, state) if resumed is not None \

@@ -116,6 +116,35 @@ def max_threads() -> int:
     return int(numba.config.NUMBA_NUM_THREADS)
 
 
+# What --fsdp does not combine with yet: each would need sharded checkpoints or a sharded model's hooks.
+_NOT_WITH_FSDP = {"save": "checkpoints (torch.distributed.checkpoint is not wired in yet)",
+                  "resume": "resuming (no sharded checkpoint to resume from)",
+                  "do": "dynamic precision", "diagnose": "diagnostics", "shadow": "the FP32 shadow",
+                  "grad_histogram": "gradient histograms", "cuda_graph": "CUDA graphs"}
+
+
+def check_fsdp(args: argparse.Namespace, plan: EpochPlan) -> None:
+    """--fsdp's combinations (and --param-comm-format's need of it), refused with the reason."""
+    fsdp, pcf = getattr(args, "fsdp", False), getattr(args, "param_comm_format", None)
+    if pcf is not None and not fsdp:
+        raise UsageError(f"--param-comm-format {pcf} rounds FSDP's weight all-gather: add --fsdp")
+    if not fsdp:
+        return
+    given = [k for k in _NOT_WITH_FSDP if getattr(args, k, None)]
+    if args.compile != "none":
+        given.append("compile")
+    if given:
+        k = given[0]
+        raise UsageError(f"--fsdp does not combine with --{k.replace('_', '-')} yet "
+                         f"({_NOT_WITH_FSDP.get(k, 'torch.compile of a sharded model')}); leave one out")
+    if args.emulate_node != 1:
+        raise UsageError(f"--fsdp shards over processes, one worker each; --emulate-node {args.emulate_node} "
+                         f"emulates workers inside one process: leave one out")
+    if [e for e in plan.precision if e != 0]:
+        raise UsageError("--fsdp: the -tc plan changes the network config during the run; a sharded model is "
+                         "converted once, before fully_shard: use one config (--bfp)")
+
+
 def check_args(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
     """Refuse a bad flag value or combination, naming it: the task's checks, then the shared ones."""
     try:
@@ -159,6 +188,7 @@ def check_args(task: Task, args: argparse.Namespace, plan: EpochPlan) -> None:
     if args.diagnose < 0:
         raise UsageError(f"--diagnose must be >= 0 (0: off; N: measure one training step in every N), "
                          f"got {args.diagnose}")
+    check_fsdp(args, plan)
     if args.mode != "train":  # a given training-engine flag would be ignored: say so (a resumed run's own are fine)
         given = [f for f in ("cuda_graph", "compile") if f in getattr(args, "explicit", ())]
         if given:

@@ -52,7 +52,7 @@ from .hook import gather_workers
 from .reduce import LIBRARY_ORDERS, RoundedReduce
 
 __all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "RoundedAllGather", "install_rounded_all_gather",
-           "MODES"]
+           "MODES", "FSDPStep", "shard_units"]
 
 MODES = ("simulate", "replay")
 
@@ -103,6 +103,8 @@ def _fsdp_modules(model: nn.Module) -> list[nn.Module]:
 
 def _padded_shapes(module: nn.Module, world: int) -> list[torch.Size]:
     groups = module._get_fsdp_state()._fsdp_param_groups
+    if not groups:  # every parameter is in a sharded child: this module communicates nothing
+        return []
     if len(groups) != 1:
         raise ValueError(f"{type(module).__name__}: {len(groups)} FSDP parameter groups; the rounded reduce-scatter "
                          f"takes one (no shard_placement_fn meshes)")
@@ -129,7 +131,10 @@ def install_rounded_reduce_scatter(model: nn.Module, reduce: RoundedReduce, mode
     world = dist.get_world_size(group)
     comms = []
     for m in modules:
-        comm = RoundedReduceScatter(reduce, _padded_shapes(m, world))
+        shapes = _padded_shapes(m, world)
+        if not shapes:
+            continue
+        comm = RoundedReduceScatter(reduce, shapes)
         if mode == "simulate":  # the comm divides as ``reduce`` says; FSDP's own division off
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
@@ -164,7 +169,50 @@ def install_rounded_all_gather(model: nn.Module, fmt) -> list[RoundedAllGather]:
         raise ValueError("install_rounded_all_gather needs a model fully_shard has sharded (apply fully_shard first)")
     comms = []
     for m in modules:
+        if not m._get_fsdp_state()._fsdp_param_groups:
+            continue
         comm = RoundedAllGather(fmt)
         m.set_custom_all_gather(comm)
         comms.append(comm)
     return comms
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules ``FSDPStep`` shards one by one before the root: every direct child of the root that
+    holds parameters, a ``Sequential``'s or ``ModuleList``'s members one by one (a GPT's blocks, a
+    ResNet's stages); the root then holds what is left (embeddings, a head)."""
+    units = []
+    for child in model.children():
+        members = list(child.children()) if isinstance(child, (nn.Sequential, nn.ModuleList)) else [child]
+        units += [m for m in members if any(True for _ in m.parameters())]
+    return units
+
+
+class FSDPStep:
+    """``--fsdp``: one worker a process, the model sharded by FSDP2 (``shard``, called once before the
+    optimizer is made: ``fully_shard`` replaces the parameters by sharded ones), the gradients
+    reduce-scattered (rounded by ``reduce`` when given, FSDP's float32 mean otherwise) and the weights
+    all-gathered (rounded to ``param_fmt`` when given). The step itself is the plain one."""
+
+    n = 1
+
+    def __init__(self, reduce: Optional[RoundedReduce] = None, param_fmt=None):
+        self.reduce, self.param_fmt = reduce, param_fmt
+        self.comms: list = []
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+        for unit in shard_units(model):
+            fully_shard(unit)
+        fully_shard(model)
+        if self.reduce is not None:
+            self.comms += install_rounded_reduce_scatter(model, self.reduce)
+        if self.param_fmt is not None:
+            self.comms += install_rounded_all_gather(model, self.param_fmt)
+        return model
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion, optimizer, amp):
+        return amp.train_step(model, x, y, criterion=criterion, optimizer=optimizer)
