@@ -41,45 +41,60 @@ def loss_of(m, x, y):
     return nn.functional.cross_entropy(m(x), y)
 
 
-def reference(preset: str, world: int) -> dict[str, torch.Tensor]:
-    """Data parallel in one process, exactly: with two workers (g0 + g1) / 2 is the same float in any
-    order and FSDP's division by 2 is exact, however it splits it."""
-    m = model(preset)
-    opt = torch.optim.SGD(m.parameters(), lr=0.5)
+def data_parallel(m: nn.Module, world: int, combine, weights=None) -> dict[str, torch.Tensor]:
+    """One process standing for ``world`` workers: each worker's gradient on its slice, ``combine(grads)``
+    the gradient the master gets; ``weights(master)``: the values the forward computes with (the master
+    itself by default). SGD on the master; returns it."""
+    master = [p.detach().clone().requires_grad_(True) for p in m.parameters()]
+    opt = torch.optim.SGD(master, lr=0.5)
     for x, y in batches():
+        with torch.no_grad():
+            for p, w in zip(m.parameters(), master):
+                p.copy_(w if weights is None else weights(w))
         grads = []
         for xs, ys in zip(x.chunk(world), y.chunk(world)):
             m.zero_grad(set_to_none=True)
             loss_of(m, xs, ys).backward()
             grads.append([p.grad.clone() for p in m.parameters()])
-        for p, *gs in zip(m.parameters(), *grads):
-            p.grad = (gs[0] + gs[1]) / 2
+        for w, *gs in zip(master, *grads):
+            w.grad = combine(gs)
         opt.step()
-    return {k: v.detach().clone() for k, v in m.named_parameters()}
+    return {k: w.detach().clone() for (k, _), w in zip(m.named_parameters(), master)}
 
 
-def main(preset: str, out: str) -> None:
+def reference(preset: str, world: int) -> dict[str, torch.Tensor]:
+    """Data parallel in one process, exactly: with two workers (g0 + g1) / 2 is the same float in any
+    order and FSDP's division by 2 is exact, however it splits it."""
+    return data_parallel(model(preset), world, lambda gs: (gs[0] + gs[1]) / 2)
+
+
+def train_sharded(m: nn.Module, out: str, mp=None, install=lambda m: []) -> None:
+    """This rank's FSDP2 training of ``m`` (``fully_shard`` per block and the root, ``install(m)`` the
+    comms), rank 0 saving the full parameters and the comms' call count."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     try:
-        m = model(preset)
         for block in m.blocks:
-            fully_shard(block)
-        fully_shard(m)
+            fully_shard(block, mp_policy=mp or MixedPrecisionPolicy())
+        fully_shard(m, mp_policy=mp or MixedPrecisionPolicy())
+        comms = install(m)
         opt = torch.optim.SGD(m.parameters(), lr=0.5)
         for x, y in batches():
-            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
             opt.zero_grad(set_to_none=True)
-            loss_of(m, xs, ys).backward()
+            loss_of(m, x.chunk(world)[rank], y.chunk(world)[rank]).backward()
             opt.step()
         full = {k: v.full_tensor() for k, v in m.named_parameters()}
         if rank == 0:
-            torch.save(full, out)
+            torch.save({"params": full, "calls": sum(c.calls for c in comms)}, out)
     finally:
         dist.destroy_process_group()
+
+
+def main(preset: str, out: str) -> None:
+    train_sharded(model(preset), out)
 
 
 def grad_reduce(order: str, fmt: str, average: bool):
@@ -93,101 +108,32 @@ def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str) -> None:
     """FSDP2 training of the FP32 GPT with ``kind``: ``real16`` (torch's own float16 reduce-scatter,
     ``MixedPrecisionPolicy(reduce_dtype=float16)``), ``replay16`` (the same policy, the rounded comm in
     replay mode summing in ``fmt`` and ``order``), ``simulate`` (the comm averaging in ``fmt``/``order``)."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     from bfp.distributed.fsdp import install_rounded_reduce_scatter
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
-    try:
-        m = model("fp32")
-        mp = MixedPrecisionPolicy(reduce_dtype=torch.float16) if kind in ("real16", "replay16") else MixedPrecisionPolicy()
-        for block in m.blocks:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(m, mp_policy=mp)
-        comms = []
-        if kind != "real16":
-            comms = install_rounded_reduce_scatter(m, grad_reduce(order, fmt, kind == "simulate"),
-                                                   "replay" if kind == "replay16" else "simulate")
-        opt = torch.optim.SGD(m.parameters(), lr=0.5)
-        for x, y in batches():
-            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
-            opt.zero_grad(set_to_none=True)
-            loss_of(m, xs, ys).backward()
-            opt.step()
-        full = {k: v.full_tensor() for k, v in m.named_parameters()}
-        if rank == 0:
-            torch.save({"params": full, "calls": sum(c.calls for c in comms)}, out)
-    finally:
-        dist.destroy_process_group()
+    mp = MixedPrecisionPolicy(reduce_dtype=torch.float16) if kind in ("real16", "replay16") else None
+    install = (lambda m: []) if kind == "real16" else lambda m: install_rounded_reduce_scatter(
+        m, grad_reduce(order, fmt, kind == "simulate"), "replay" if kind == "replay16" else "simulate")
+    train_sharded(model("fp32"), out, mp, install)
 
 
 def rs_reference(order: str, fmt: str, world: int) -> dict[str, torch.Tensor]:
-    """One process: each worker's gradient on its slice, stacked and reduced by ``RoundedReduce``
-    parameter by parameter (averaging), the same SGD."""
-    m, reduce = model("fp32"), grad_reduce(order, fmt, True)
-    opt = torch.optim.SGD(m.parameters(), lr=0.5)
-    for x, y in batches():
-        grads = []
-        for xs, ys in zip(x.chunk(world), y.chunk(world)):
-            m.zero_grad(set_to_none=True)
-            loss_of(m, xs, ys).backward()
-            grads.append([p.grad.clone() for p in m.parameters()])
-        for p, *gs in zip(m.parameters(), *grads):
-            p.grad = reduce(torch.stack(gs))
-        opt.step()
-    return {k: v.detach().clone() for k, v in m.named_parameters()}
+    """Every worker's gradient stacked and reduced by ``RoundedReduce`` parameter by parameter."""
+    reduce = grad_reduce(order, fmt, True)
+    return data_parallel(model("fp32"), world, lambda gs: reduce(torch.stack(gs)))
 
 
 def rounded_all_gather(fmt: str, out: str) -> None:
     """FSDP2 training of the FP32 GPT whose weights are rounded to ``fmt`` as they are all-gathered."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
     from bfp.distributed.fsdp import install_rounded_all_gather
     from bfp.formats import format_from_name
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
-    try:
-        m = model("fp32")
-        for block in m.blocks:
-            fully_shard(block)
-        fully_shard(m)
-        comms = install_rounded_all_gather(m, format_from_name(fmt))
-        opt = torch.optim.SGD(m.parameters(), lr=0.5)
-        for x, y in batches():
-            xs, ys = x.chunk(world)[rank], y.chunk(world)[rank]
-            opt.zero_grad(set_to_none=True)
-            loss_of(m, xs, ys).backward()
-            opt.step()
-        full = {k: v.full_tensor() for k, v in m.named_parameters()}
-        if rank == 0:
-            torch.save({"params": full, "calls": sum(c.calls for c in comms)}, out)
-    finally:
-        dist.destroy_process_group()
+    train_sharded(model("fp32"), out, install=lambda m: install_rounded_all_gather(m, format_from_name(fmt)))
 
 
 def ag_reference(fmt: str, world: int) -> dict[str, torch.Tensor]:
-    """One process: the FP32 master rounded to ``fmt`` before every forward, the gradients (taken at the
-    rounded weights) averaged over two workers and applied to the master."""
+    """The master rounded to ``fmt`` before every forward, the two workers' gradients averaged."""
     import bfp
     f = bfp.format_from_name(fmt)
-    m = model("fp32")
-    master = [p.detach().clone().requires_grad_(True) for p in m.parameters()]
-    opt = torch.optim.SGD(master, lr=0.5)
-    for x, y in batches():
-        with torch.no_grad():
-            for p, w in zip(m.parameters(), master):
-                p.copy_(bfp.quantize(w, f))
-        grads = []
-        for xs, ys in zip(x.chunk(world), y.chunk(world)):
-            m.zero_grad(set_to_none=True)
-            loss_of(m, xs, ys).backward()
-            grads.append([p.grad.clone() for p in m.parameters()])
-        for w, *gs in zip(master, *grads):
-            w.grad = (gs[0] + gs[1]) / 2
-        opt.step()
-    return {k: w.detach().clone() for (k, _), w in zip(m.named_parameters(), master)}
+    return data_parallel(model("fp32"), world, lambda gs: (gs[0] + gs[1]) / 2, lambda w: bfp.quantize(w, f))
 
 
 def tensor_parallel(preset: str, out: str) -> None:

@@ -26,27 +26,27 @@ def _env(world):
                 OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
-def _reference(preset, tmp_path, world=2):
-    out = tmp_path / f"reference-{preset}.pt"
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--reference", preset, str(out),
-                        str(world)], env=_env(world), capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return torch.load(out)
-
-
-def _spawn(preset, out, world=2, timeout=240):
-    env = _env(world)
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), preset, str(out)],
+def _launch(args, out, world=2, ranks=True):
+    """``_fsdp_worker.py ARGS`` as ``world`` gloo ranks (or, ``ranks=False``, one process with the same
+    threads: a reference); its saved file, loaded."""
+    env, n = _env(world), world if ranks else 1
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), *map(str, args)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+                              stderr=subprocess.STDOUT, text=True) for r in range(n)]
     try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        outs = [p.communicate(timeout=240)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
     for p, o in zip(procs, outs):
         assert p.returncode == 0, o[-3000:]
+    return torch.load(out, weights_only=False) if out is not None else outs[0]
+
+
+def _reference(preset, tmp_path, world=2):
+    out = tmp_path / f"reference-{preset}.pt"
+    return _launch(["--reference", preset, out, world], out, world, ranks=False)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,7 @@ def fp32(tmp_path_factory):
 
 @pytest.mark.parametrize("preset", ["any_FB16", "any_fp8_e4m3", "any_mxfp8", "any_nvfp4"])
 def test_a_converted_gpt_trains_under_fully_shard_as_the_one_process_reference(preset, tmp_path, fp32):
-    _spawn(preset, tmp_path / "fsdp.pt")
-    got = torch.load(tmp_path / "fsdp.pt")
+    got = _launch([preset, tmp_path / "fsdp.pt"], tmp_path / "fsdp.pt")["params"]
     want = _reference(preset, tmp_path)
     start = {k: v for k, v in W.model(preset).named_parameters()}
     assert got.keys() == want.keys()
@@ -81,27 +80,9 @@ def test_kernels_leave_a_storage_resizable():
 def test_converting_a_sharded_model_is_refused_saying_to_convert_first(preset):
     import json
     cfg = preset if isinstance(preset, str) else json.dumps(preset)
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--convert-sharded", cfg],
-                       env=dict(_env(1), RANK="0", LOCAL_RANK="0"), capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "refused: convert cannot convert a model fully_shard has already sharded ((model), blocks.0" in r.stdout
-    assert "convert first, then shard" in r.stdout
-
-
-def _spawn_tp(preset, out, world=2):
-    env = _env(world)
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--tp", preset, str(out)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    try:
-        outs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, o in zip(procs, outs):
-        assert p.returncode == 0, o[-3000:]
-    return torch.load(out, weights_only=False)
+    out = _launch(["--convert-sharded", cfg], None, world=1)
+    assert "refused: convert cannot convert a model fully_shard has already sharded ((model), blocks.0" in out
+    assert "convert first, then shard" in out
 
 
 @pytest.mark.parametrize("preset", ["any_FB16", "any_mxfp8", "any_nvfp4", "any_fp8_e4m3"])
@@ -111,7 +92,7 @@ def test_tensor_parallel_layers_round_as_the_whole_tensor(preset, tmp_path):
     across a block's axis): output and gradients equal the unparallelized model's bit for bit. An
     element-wise format keeps the row-parallel shard, whose partial GEMMs are summed across ranks as
     tensor parallelism always does: equal within float32's last bits there, exactly elsewhere."""
-    d = _spawn_tp(preset, tmp_path / "tp.pt")
+    d = _launch(["--tp", preset, tmp_path / "tp.pt"], tmp_path / "tp.pt")
     exact = preset != "any_fp8_e4m3"
     assert torch.equal(d["got"], d["want"]) if exact else torch.allclose(d["got"], d["want"], rtol=1e-5, atol=1e-6)
     for n, g in d["grads"].items():
@@ -135,19 +116,7 @@ def test_the_rules_shard_only_where_a_shard_rounds_as_the_whole():
 
 def _run_rs(world, kind, order, fmt, out):
     """``_fsdp_worker.py --rs``: FSDP2 training of the FP32 GPT with a reduce-scatter of ``kind``."""
-    env = _env(world)
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--rs", kind, order, fmt,
-                               str(out)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    try:
-        outs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, o in zip(procs, outs):
-        assert p.returncode == 0, o[-3000:]
-    return torch.load(out)
+    return _launch(["--rs", kind, order, fmt, out], out, world)
 
 
 def _same(a, b):
@@ -175,11 +144,8 @@ def test_the_rounded_reduce_scatter_equals_rounded_reduce_on_the_stacked_worker_
     one process that stacks every worker's gradient and reduces it with RoundedReduce; the rounding
     shows (the weights are not FP32 data parallelism's)."""
     got = _run_rs(world, "simulate", "sequential", fmt, tmp_path / "sim.pt")
-    out = tmp_path / "ref.pt"
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--rs-reference", "sequential", fmt,
-                        str(out), str(world)], env=_env(world), capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    want = torch.load(out)
+    ref = tmp_path / "ref.pt"
+    want = _launch(["--rs-reference", "sequential", fmt, ref, world], ref, world, ranks=False)
     assert got["calls"] == 9 and _same(got["params"], want)
     if world == 2:
         assert not _same(got["params"], fp32)
@@ -200,25 +166,10 @@ def test_the_rounded_all_gather_trains_as_rounding_the_master_before_every_forwa
     """Issue 55, item 3: the sharded FP32 master rounded to e4m3 as FSDP2 gathers it; the layers compute
     on the gathered values and the optimizer updates the master: one process that rounds its master
     before each forward gives the same master bit for bit, and not FP32's."""
-    env = _env(2)
-    out = tmp_path / "ag.pt"
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--ag", "e4m3", str(out)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, o in zip(procs, outs):
-        assert p.returncode == 0, o[-3000:]
-    got = torch.load(out)
+    got = _launch(["--ag", "e4m3", tmp_path / "ag.pt"], tmp_path / "ag.pt")
     ref = tmp_path / "ref.pt"
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fsdp_worker.py"), "--ag-reference", "e4m3", str(ref), "2"],
-                       env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert got["calls"] > 0 and _same(got["params"], torch.load(ref))
+    want = _launch(["--ag-reference", "e4m3", ref, 2], ref, ranks=False)
+    assert got["calls"] > 0 and _same(got["params"], want)
     assert not _same(got["params"], fp32)
 
 
