@@ -1,0 +1,73 @@
+"""The FSDP rows of docs/distributed.md: a small GPT trained by ``lm.py --fsdp`` on 2 gloo processes,
+its gradient reduce-scatter in FP32, in FP8 e4m3 and in 4-bit e3m0, each 4-bit and 8-bit one with and
+without APS (seed 001's question, asked of FSDP2). One command reruns them all and prints the table:
+
+    python -m bfp.experiments.fsdp_rows --runs runs/fsdp-rows
+
+Each row is ``torchrun --nproc-per-node 2 lm.py`` with the flags below (one thread a process); the
+numbers are the last epoch's test loss, bits per character and next-character accuracy from the run's
+``metrics.jsonl``. The table names the commit; a tree with uncommitted changes is refused (a
+published number must come from a commit), unless ``--dirty-ok`` (then it says so).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = ("--model-opt", "dim=64", "--model-opt", "depth=2", "--model-opt", "heads=2", "--block-size", "64",
+         "--batch-size-train", "64", "--limit-train-images", "8192", "--limit-test-images", "1024",
+         "--training-epochs", "4", "--threads", "1", "--progress", "False", "--sample-chars", "0",
+         "--device", "cpu", "--fsdp", "True", "--log", "True", "--seed", "0")
+ROWS = (("fp32", "FP32 reduce-scatter (FSDP's own mean)", ()),
+        ("e4m3", "e4m3 reduce-scatter, gloo order", ("--grad-format", "e4m3", "--grad-order", "gloo")),
+        ("e4m3-aps", "e4m3, gloo order, APS", ("--grad-format", "e4m3", "--grad-order", "gloo", "--use-aps", "True")),
+        ("e3m0", "e3m0 (4-bit) reduce-scatter, gloo order", ("--grad-format", "e3m0", "--grad-order", "gloo")),
+        ("e3m0-aps", "e3m0, gloo order, APS", ("--grad-format", "e3m0", "--grad-order", "gloo", "--use-aps", "True")))
+
+
+def command(name: str, flags: tuple[str, ...], runs: Path, port: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+            "lm.py", *SETUP, *flags, "--run-dir", str(runs), "--run-name", name]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", default="runs/fsdp-rows", help="where the runs go (a fresh folder)")
+    p.add_argument("--dirty-ok", action="store_true", help="run from a tree with uncommitted changes (not citable)")
+    args = p.parse_args(argv)
+    runs = Path(args.runs)
+    if runs.exists():
+        p.error(f"--runs {runs} exists; give a fresh folder (nothing there is replaced)")
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if dirty and not args.dirty_ok:
+        p.error("the tree has uncommitted changes; commit first (or --dirty-ok, not citable)")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    rows = []
+    for i, (name, words, flags) in enumerate(ROWS):
+        cmd = command(name, flags, runs.resolve(), 29700 + i)
+        print("$ " + " ".join(cmd[1:]), flush=True)
+        r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"},
+                           capture_output=True, text=True)
+        if r.returncode:
+            print(r.stdout[-2000:] + r.stderr[-2000:], file=sys.stderr)
+            return 1
+        last = [json.loads(line) for line in (runs / name / "metrics.jsonl").read_text().splitlines()][-1]
+        rows.append({"row": name, "reduce_scatter": words, "test_loss": last["test_loss"],
+                     "test_bpc": last["test_loss"] / math.log(2), "test_acc1": last["test_acc1"]})
+    print(f"\nlm.py --fsdp, 2 gloo processes, commit {commit[:10]}{' (uncommitted changes)' if dirty else ''}")
+    print("| row | reduce-scatter | test loss | bits/char | next-char acc % |\n|---|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['row']} | {r['reduce_scatter']} | {r['test_loss']:.4f} | {r['test_bpc']:.3f} | "
+              f"{r['test_acc1']:.2f} |")
+    (runs / "fsdp_rows.json").write_text(json.dumps({"commit": commit, "dirty": bool(dirty), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
