@@ -27,8 +27,9 @@ SETUP = ("--model-opt", "dim=64", "--model-opt", "depth=2", "--model-opt", "head
 ROWS = (("fp32", "FP32 reduce-scatter (FSDP's own mean)", ()),
         ("e4m3", "e4m3 reduce-scatter, gloo order", ("--grad-format", "e4m3", "--grad-order", "gloo")),
         ("e4m3-aps", "e4m3, gloo order, APS", ("--grad-format", "e4m3", "--grad-order", "gloo", "--use-aps", "True")),
-        ("e3m0", "e3m0 (4-bit) reduce-scatter, gloo order", ("--grad-format", "e3m0", "--grad-order", "gloo")),
-        ("e3m0-aps", "e3m0, gloo order, APS", ("--grad-format", "e3m0", "--grad-order", "gloo", "--use-aps", "True")))
+        ("e3m0", "e3m0 (4-bit) reduce-scatter, gloo order", ("--grad-exp", "3", "--grad-man", "0", "--grad-order", "gloo")),
+        ("e3m0-aps", "e3m0, gloo order, APS", ("--grad-exp", "3", "--grad-man", "0", "--grad-order", "gloo",
+                                                 "--use-aps", "True")))
 
 
 def command(name: str, flags: tuple[str, ...], runs: Path, port: int) -> list[str]:
