@@ -4,7 +4,7 @@ without APS (seed 001's question, asked of FSDP2). One command reruns them all a
 
     python -m bfp.experiments.fsdp_rows --runs runs/fsdp-rows
 
-Each row is ``torchrun --nproc-per-node 2 lm.py`` with the flags below (one thread a process); the
+Each row is ``torchrun --nproc-per-node 2 lm.py -- FLAGS`` with the flags below (one thread a process); the
 numbers are the last epoch's test loss, bits per character and next-character accuracy from the run's
 ``metrics.jsonl``. The table names the commit; a tree with uncommitted changes is refused (a
 published number must come from a commit), unless ``--dirty-ok`` (then it says so).
@@ -27,14 +27,15 @@ SETUP = ("--model-opt", "dim=64", "--model-opt", "depth=2", "--model-opt", "head
 ROWS = (("fp32", "FP32 reduce-scatter (FSDP's own mean)", ()),
         ("e4m3", "e4m3 reduce-scatter, gloo order", ("--grad-format", "e4m3", "--grad-order", "gloo")),
         ("e4m3-aps", "e4m3, gloo order, APS", ("--grad-format", "e4m3", "--grad-order", "gloo", "--use-aps", "True")),
-        ("e3m0", "e3m0 (4-bit) reduce-scatter, gloo order", ("--grad-exp", "3", "--grad-man", "0", "--grad-order", "gloo")),
+        ("e3m0", "e3m0 (4-bit) reduce-scatter, gloo order",
+         ("--grad-exp", "3", "--grad-man", "0", "--grad-order", "gloo")),
         ("e3m0-aps", "e3m0, gloo order, APS", ("--grad-exp", "3", "--grad-man", "0", "--grad-order", "gloo",
                                                  "--use-aps", "True")))
 
 
 def command(name: str, flags: tuple[str, ...], runs: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-            "lm.py", *SETUP, *flags, "--run-dir", str(runs), "--run-name", name]
+            "lm.py", "--", *SETUP, *flags, "--run-dir", str(runs), "--run-name", name]  # --: lm.py's flags, not torchrun's
 
 
 def main(argv=None) -> int:
