@@ -35,7 +35,7 @@ ROWS = (("fp32", "FP32 reduce-scatter (FSDP's own mean)", ()),
 
 def command(name: str, flags: tuple[str, ...], runs: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-            "lm.py", "--", *SETUP, *flags, "--run-dir", str(runs), "--run-name", name]  # --: lm.py's flags, not torchrun's
+            "lm.py", "--", *SETUP, *flags, "--run-dir", str(runs), "--run-name", name]  # --: lm.py's flags
 
 
 def main(argv=None) -> int:
