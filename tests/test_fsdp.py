@@ -74,6 +74,12 @@ def test_kernels_leave_a_storage_resizable():
         bfp.quantize(w, bfp.format_from_name(name), backend="cpu")
     w.untyped_storage().resize_(0)  # what FSDP2's reshard does to an all-gathered parameter
     assert w.untyped_storage().nbytes() == 0
+    from bfp.kernels.arrays import as_numpy  # the view the kernels take: writable, strided, any dtype
+    x = torch.randn(4, 6)
+    a = as_numpy(x.view(torch.int32))
+    a[0, 0] = 0
+    assert x[0, 0].item() == 0.0 and as_numpy(x[:, 1:3]).strides == (24, 4)
+    assert (as_numpy(torch.nn.Parameter(x))[:, 1:3] == x[:, 1:3].numpy()).all()
 
 
 @pytest.mark.parametrize("preset", ["any_fp8_e4m3", {"version": 1, "default": "fb16"}])
