@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..scalar import _tile_consts, ilog2 as py_ilog2
-from .rule import MAG, EXP_INF, quant_elem, rand32, tile_consts
+from .rule import MAG, EXP_INF, quant_const, quant_tile, rand32, tile_consts
 
 _INT64 = torch.int64
 MAX_SLOTS = 2048      # a tile of at most this many slots fits one program with others
@@ -59,7 +59,7 @@ def _elementwise(x_ptr, o_ptr, keys_ptr, part_ptr, n, QT: tl.constexpr, P2Q: tl.
     if MODE == 2:
         k0, k1 = _keys(keys_ptr)
         r = rand32(k0, k1, offs, IDX64)
-    o = quant_elem(b, QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
+    o = quant_const(b, r, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
     tl.store(o_ptr + offs, o.to(tl.float32, bitcast=True), mask=msk)
     if STATS:
         _counts(part_ptr, pid, b, o, msk)
@@ -138,7 +138,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles
     if MODE == 2:
         k0, k1 = _keys(keys_ptr)
         r = rand32(k0, k1, off, IDX64)
-    o = quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
+    o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
     tl.store(o_ptr + off, o.to(tl.float32, bitcast=True), mask=msk)
     if STATS:
         _counts(part_ptr, pid, b, o, msk)
@@ -179,7 +179,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         r = tl.zeros(b.shape, tl.uint32)
         if MODE == 2:
             r = rand32(k0, k1, off, IDX64)
-        o = quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
+        o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
         tl.store(o_ptr + off, o.to(tl.float32, bitcast=True), mask=msk)
         if STATS:
             a = msk & ((b & MAG) != 0)
@@ -244,11 +244,11 @@ def _plan(rule, n: int, shape4, tile4, stats: bool) -> tuple:
     idx64 = n + 2 * ELEMS >= 2 ** 31  # flat offsets past int32 (with a block's overhang): int64 indices
     if shape4 is None:
         return _elementwise, (_cdiv(n, ELEMS),), (n,), dict(**rule_kwargs(rule), STATS=stats, BLOCK=ELEMS,
-                                                             IDX64=idx64)
+                                                             IDX64=idx64, enable_fp_fusion=False)
     cfg = tile_config(shape4, tile4)
     return (_big_tiles if cfg["big"] else _tiles), (_cdiv(cfg["n_tiles"], cfg["TPP"]),), \
         (*shape4, *cfg["counts"], cfg["n_tiles"]), dict(**cfg["consts"], **_rule_consts(rule), STATS=stats,
-                                                        IDX64=idx64, num_warps=cfg["warps"])
+                                                        IDX64=idx64, num_warps=cfg["warps"], enable_fp_fusion=False)
 
 
 def launch(x32, out, rule, shape4, tile4, keys, stats: bool):

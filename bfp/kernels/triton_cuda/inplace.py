@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .element import ELEMS, launch, rule_kwargs
-from .rule import quant_elem, rand32
+from .rule import quant_const, rand32
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def _add_round(s_ptr, t_ptr, keys_ptr, n, QT: tl.constexpr, P2Q: tl.constexpr, H
     r = tl.zeros(offs.shape, tl.uint32)
     if MODE == 2:
         r = rand32(tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32), offs, IDX64)
-    o = quant_elem(v.to(tl.int32, bitcast=True), QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
+    o = quant_const(v.to(tl.int32, bitcast=True), r, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
     tl.store(s_ptr + offs, o.to(tl.float32, bitcast=True), mask=msk)
 
 
@@ -40,5 +40,5 @@ def add_round(s: torch.Tensor, t: torch.Tensor, rule, keys) -> torch.Tensor:
     """``s = rule(s + t)`` in place, contiguous float32 tensors of one shape."""
     n = s.numel()
     _add_round[(-(-n // ELEMS),)](s, t, s if keys is None else keys, n, **rule_kwargs(rule), BLOCK=ELEMS,
-                                  IDX64=n + 2 * ELEMS >= 2 ** 31)
+                                  IDX64=n + 2 * ELEMS >= 2 ** 31, enable_fp_fusion=False)
     return s

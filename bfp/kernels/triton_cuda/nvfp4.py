@@ -36,7 +36,7 @@ import triton.language as tl
 from ..nvfp4_codes import E2M1, E4M3
 from ..plan import rule_for
 from .element import rule_kwargs
-from .rule import EXP_INF, MAG, quant_elem, rand32
+from .rule import EXP_INF, MAG, quant_const, rand32
 
 ELEMS = 2048
 F32_MAX = tl.constexpr(3.4028234663852886e38)
@@ -73,7 +73,7 @@ def _min(v, hi):
 def _round(v_bits, qt: tl.constexpr, p2q: tl.constexpr, hi: tl.constexpr, lo: tl.constexpr, r,
            KIND: tl.constexpr, MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr,
            INF_NAN: tl.constexpr):
-    return quant_elem(v_bits, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, False)
+    return quant_const(v_bits, r, qt, p2q, hi, lo, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
 
 
 @triton.jit

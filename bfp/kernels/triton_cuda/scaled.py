@@ -27,7 +27,7 @@ import triton.language as tl
 
 from .element import rule_kwargs
 from .nvfp4 import ELEMS, _clamp, _f32, tensor_amax
-from .rule import EXP_INF, MAG, quant_elem, rand32
+from .rule import EXP_INF, MAG, quant_const, rand32
 
 MAX_ROW = 4096  # rowwise rows up to this length run in one program with TPP rows (longer ones: one each, looped)
 
@@ -56,7 +56,7 @@ def _apply(x, scale, offs, keys_ptr, FMAX: tl.constexpr, QT: tl.constexpr, P2Q: 
     r = tl.zeros(offs.shape, tl.uint32)
     if MODE == 2:
         r = rand32(tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32), offs, IDX64)
-    q = quant_elem(y.to(tl.int32, bitcast=True), QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
+    q = quant_const(y.to(tl.int32, bitcast=True), r, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
     return tl.math.div_rn(q.to(tl.float32, bitcast=True), scale)
 
 
