@@ -1,0 +1,62 @@
+"""The Triton rule's float32 rounding (``triton_cuda/rule.py``: ``(|x| + c) - c``) against the PyTorch
+reference on bit patterns drawn from the whole float32 range: every exponent from subnormals to
+the largest finite, ties, Inf and NaN, in tiles whose grids pass 2**104 (where the kernel works 64
+binades down) and tiles of tiny values (grid below 2**-149), for every rounding the adds serve."""
+import dataclasses
+
+import pytest
+import torch
+
+from bfp import BlockFloat, Float, MX, format_from_name
+from bfp.kernels import quantize_stats
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _bits(shape, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(-2 ** 31, 2 ** 31, shape, generator=g, dtype=torch.int64).to(torch.int32)
+    x = raw.view(torch.float32).clone()
+    flat = x.view(-1)
+    # ties of every grid: significands ending in one set bit after a few kept ones
+    k = flat.numel() // 8
+    flat[:k] = torch.ldexp(torch.tensor(1.0) + torch.randint(0, 64, (k,), generator=g) / 64 + 1 / 128,
+                           torch.randint(-140, 127, (k,), generator=g))
+    flat[k:k + 4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 3.4028234663852886e38])
+    # a tile of tiny values and a tile of huge ones
+    flat[-64:-32] = torch.ldexp(torch.ones(32), torch.randint(-149, -120, (32,), generator=g))
+    flat[-32:] = torch.ldexp(torch.rand(32, generator=g) + 1, torch.randint(100, 127, (32,), generator=g))
+    return x
+
+
+FORMATS = [format_from_name(n) for n in ("float8_e4m3fn", "float8_e5m2", "float16", "bfloat16", "float4_e2m1fn",
+                                         "float6_e2m3fn", "mxfp8_e4m3", "mxfp6_e3m2", "mxfp4_e2m1", "mxint8",
+                                         "fb12", "fb16", "fb24")] \
+    + [BlockFloat(23, (1, 32), "nearest"), BlockFloat(1, (4, 8), "nearest"), Float(5, 21, "nearest"),
+       MX("float8_e5m2", block=32, scale_mode="rceil")]
+
+
+def _roundings(fmt):
+    out = []
+    for r in ("nearest", "truncate"):
+        try:
+            if isinstance(fmt, MX):
+                out.append(dataclasses.replace(fmt, element=dataclasses.replace(fmt.element, rounding=r)))
+            else:
+                out.append(dataclasses.replace(fmt, rounding=r))
+        except (TypeError, ValueError):
+            pass
+    return out or [fmt]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=repr)
+def test_float_rounding_equals_the_reference_bit_for_bit_over_the_whole_float32_range(fmt):
+    x = _bits((6, 8, 64), seed=11)
+    for f in _roundings(fmt):
+        want, wc = quantize_stats(x, f, backend="reference")
+        got, gc = quantize_stats(x.to(DEVICE), f, backend="triton")
+        bad = (want.view(torch.int32) != got.cpu().view(torch.int32)).nonzero()
+        assert not len(bad), f"{f!r}: {len(bad)} elements differ, first at {bad[0].tolist()}: " \
+                             f"{x[tuple(bad[0])].item()!r} -> {got.cpu()[tuple(bad[0])].item()!r}, " \
+                             f"reference {want[tuple(bad[0])].item()!r}"
+        assert torch.equal(wc, gc.cpu())
