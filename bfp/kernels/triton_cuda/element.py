@@ -66,28 +66,23 @@ def _elementwise(x_ptr, o_ptr, keys_ptr, part_ptr, n, QT: tl.constexpr, P2Q: tl.
 
 
 @triton.jit
-def _wrap(v, n, c):
-    """``v + c`` on an axis of ``n`` tiles (``v < n``, ``c < n``): (the index, the carry on, 0 or 1)."""
-    v = v + c
-    over = (v >= n).to(v.dtype)
-    return v - over * n, over
-
-
-@triton.jit
-def _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, t_first,
+def _tile_offsets(t_first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles,
                   G0: tl.constexpr, G1: tl.constexpr, G2: tl.constexpr, G3: tl.constexpr, RUNS: tl.constexpr):
     """Flat offsets of slots ``s`` (a row, [1, S]) of the tiles ``t_first + j`` (``j`` a column,
-    [T, 1]) and which exist. The first tile's 4-D index (``t0b``..``t3b``) is the caller's, once a
-    program; a row's index carries into the next axis at most once (``T <= n3``, the host's
-    choice), so no row divides. ``RUNS``: every tile is ``G3`` consecutive elements (``G0 = G1 =
-    G2 = 1``, ``G3`` divides ``D3``), at ``t * G3``."""
+    [T, 1]) and which exist. ``RUNS`` 1: every tile is ``G3`` consecutive elements (``G0 = G1 =
+    G2 = 1``, ``G3`` divides ``D3``), at ``t * G3``; 2: every tile is ``G2`` whole rows of ``D3``
+    (``G0 = G1 = 1``, ``G3 = D3``), consecutive, the last of each ``D2`` shorter; 0: a tile's 4-D
+    index by division (once a tile row; the counts are compile-time constants in ``_tiles``)."""
     t = t_first + j
-    if RUNS:
+    if RUNS == 1:
         return t * G3 + s, (t < n_tiles) & (s < G3)
-    t3, c = _wrap(t3b, n3, j)
-    t2, c = _wrap(t2b, n2, c)
-    t1, c = _wrap(t1b, n1, c)
-    t0 = t0b + c
+    if RUNS == 2:
+        t2 = t % n2
+        return (t // n2) * (D2 * D3) + t2 * (G2 * D3) + s, (t < n_tiles) & (s < G2 * D3) & (s < (D2 - t2 * G2) * D3)
+    t3 = t % n3
+    t2 = (t // n3) % n2
+    t1 = (t // (n3 * n2)) % n1
+    t0 = t // (n3 * n2 * n1)
     g3 = s % G3
     g2 = (s // G3) % G2
     g1 = (s // (G3 * G2)) % G1
@@ -107,13 +102,8 @@ def _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles,
 
 
 @triton.jit
-def _first_tile(t, n1, n2, n3):
-    """The 4-D index of tile ``t`` (a scalar: once a program)."""
-    return t // (n3 * n2 * n1), (t // (n3 * n2)) % n1, (t // n3) % n2, t % n3
-
-
-@triton.jit
-def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles,
+def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr,
+           n1: tl.constexpr, n2: tl.constexpr, n3: tl.constexpr, n_tiles,
            G0: tl.constexpr, G1: tl.constexpr, G2: tl.constexpr, G3: tl.constexpr, PT: tl.constexpr,
            TPP: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr, SCALE: tl.constexpr, SOFF: tl.constexpr,
            QOFF: tl.constexpr, LIM: tl.constexpr, PLIM: tl.constexpr, EMIN: tl.constexpr, MAN: tl.constexpr,
@@ -124,11 +114,9 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_tiles
     first = pid * TPP
     if IDX64:
         first = first.to(tl.int64)
-    t0b, t1b, t2b, t3b = _first_tile(first, n1, n2, n3)
     j = tl.arange(0, TPP)[:, None]
     s = tl.arange(0, PT)[None, :]
-    off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
-                             G0, G1, G2, G3, RUNS)
+    off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
     b = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True)
     m = b & MAG
     tmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True)
@@ -156,13 +144,11 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
     first = pid
     if IDX64:
         first = first.to(tl.int64)
-    t0b, t1b, t2b, t3b = _first_tile(first, n1, n2, n3)
     j = tl.zeros((1, 1), tl.int32)
     tmax = tl.zeros((1, 1), tl.int32)
     for c in range(0, SIZE, CH):
         s = c + tl.arange(0, CH)[None, :]
-        off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
-                                 G0, G1, G2, G3, RUNS)
+        off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
         m = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True) & MAG
         tmax = tl.maximum(tmax, tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True))
     qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
@@ -173,8 +159,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         k0, k1 = _keys(keys_ptr)
     for c in range(0, SIZE, CH):
         s = c + tl.arange(0, CH)[None, :]
-        off, msk = _tile_offsets(t0b, t1b, t2b, t3b, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, first,
-                                 G0, G1, G2, G3, RUNS)
+        off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
         b = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True)
         r = tl.zeros(b.shape, tl.uint32)
         if MODE == 2:
@@ -223,15 +208,13 @@ def tile_config(shape4, tile4) -> dict:
     (D0, D1, D2, D3), (G0, G1, G2, G3) = shape4, tile4
     n1, n2, n3 = -(-D1 // G1), -(-D2 // G2), -(-D3 // G3)
     size = G0 * G1 * G2 * G3
-    runs = G0 == G1 == G2 == 1 and D3 % G3 == 0
+    runs = 1 if G0 == G1 == G2 == 1 and D3 % G3 == 0 else 2 if G0 == G1 == 1 and G3 == D3 else 0
     pt = _pow2_at_least(size)
     consts = dict(G0=G0, G1=G1, G2=G2, G3=G3, RUNS=runs)
     out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS)
     if out["big"]:  # one program a tile, swept in chunks
         return dict(out, TPP=1, warps=4, consts=dict(consts, SIZE=size, CH=CHUNK))
     tpp = max(1, ELEMS // pt)
-    if not runs:  # a program's rows carry into the next axis at most once: TPP <= n3
-        tpp = min(tpp, 1 << (n3.bit_length() - 1))
     # Strided tiles: 2 warps, so a thread's share of the slot arithmetic covers more rows (sm_90 SASS:
     # fb16 on NCHW 135 thread-instructions an element with 4 warps, 90 with 2; BENCHMARKS.md).
     return dict(out, TPP=tpp, warps=4 if runs else 2, consts=dict(consts, PT=pt, TPP=tpp))
