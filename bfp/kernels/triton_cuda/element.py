@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..scalar import _tile_consts, ilog2 as py_ilog2
+from . import launcher
 from .rule import MAG, EXP_INF, quant_const, quant_tile, rand32, tile_consts
 
 _INT64 = torch.int64
@@ -238,7 +239,8 @@ def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
     """Quantize contiguous float32 ``x32`` into ``out`` (both on one device; a CPU tensor only under
     ``TRITON_INTERPRET=1``); ``keys``: an int64 tensor of the two stochastic keys on that device (or
     None unless stochastic). Returns the int64 counts ``[nonzero_in, zeroed]`` or None."""
-    kernel, grid, extra, kw = _plan(rule, x32.numel(), shape4, tile4, stats)
+    key = (rule, x32.numel(), shape4, tile4, stats)
+    kernel, grid, extra, kw = _plan(*key)
     part = x32.new_empty((grid[0], 2), dtype=_INT64) if stats else x32
-    kernel[grid](x32, out, x32 if keys is None else keys, part, *extra, **kw)  # keys: read only if stochastic
+    launcher.run(kernel, grid, (x32, out, x32 if keys is None else keys, part, *extra), kw, key)  # keys: read if stochastic
     return part.sum(0) if stats else None
