@@ -242,5 +242,5 @@ def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
     key = (rule, x32.numel(), shape4, tile4, stats)
     kernel, grid, extra, kw = _plan(*key)
     part = x32.new_empty((grid[0], 2), dtype=_INT64) if stats else x32
-    launcher.run(kernel, grid, (x32, out, x32 if keys is None else keys, part, *extra), kw, key)  # keys: read if stochastic
+    launcher.run(kernel, grid, (x32, out, x32 if keys is None else keys, part), extra, kw, key)  # keys: read if stochastic
     return part.sum(0) if stats else None

@@ -8,10 +8,11 @@ call goes through ``kernel[grid]`` (which compiles, launches and returns the ``C
 later calls hand the arguments straight to the compiled kernel's launcher, as ``JITFunction.run``
 itself does after its lookup (``kernel.run(grid, stream, function, packed_metadata, ...)``).
 
-The cache key is the caller's plan key (everything the constexprs and integer arguments depend
-on) plus what the JIT specialises on that the plan does not fix: each tensor's dtype and whether
-its address is 16-byte aligned, and the device. Under the interpreter, or while a launch hook is
-set (a profiler's), every call takes ``kernel[grid]`` unchanged.
+The cache key is the caller's plan key (everything the constexprs, the integer arguments and the
+tensors' dtypes depend on) and the device; only launches whose tensors are all 16-byte aligned
+are cached (what a torch allocation gives; the JIT then specialises on nothing the key does not
+fix), others take ``kernel[grid]`` every time, as do all launches under the interpreter or while
+a launch hook is set (a profiler's).
 """
 from __future__ import annotations
 
@@ -27,33 +28,36 @@ def _interpreted(kernel) -> bool:
     return type(kernel).__name__ == "InterpretedFunction"
 
 
-def _hooked(hook) -> bool:
-    """Whether a launch hook is set (triton 3.8 keeps an always-present, empty ``HookChain``)."""
-    return hook is not None and bool(getattr(hook, "calls", True))
+def _hooked() -> bool:
+    """Whether a launch hook is set (triton 3.8 keeps always-present ``HookChain`` objects, empty
+    unless a profiler adds to them; an older triton has None or a function)."""
+    rt = knobs.runtime
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (rt.launch_enter_hook, rt.launch_exit_hook))
 
 
-def _spec(a):
-    if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    return None
-
-
-def run(kernel, grid: tuple, args: tuple, kw: dict, plan_key) -> None:
-    """``kernel[grid](*args, **kw)``, through the cached compiled kernel after the first call of a
-    plan (``plan_key``: hashable, fixing ``kw`` and the integer arguments)."""
-    if _interpreted(kernel) or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook):
-        kernel[grid](*args, **kw)
-        return
-    device = args[0].device.index
-    key = (plan_key, device, tuple(_spec(a) for a in args))
+def run(kernel, grid: tuple, tensors: tuple, scalars: tuple, kw: dict, plan_key) -> None:
+    """``kernel[grid](*tensors, *scalars, **kw)``, through the cached compiled kernel after the
+    first call of a plan (``plan_key``: hashable, fixing ``kw``, the scalars and the tensors'
+    dtypes). Only launches whose tensors are all 16-byte aligned are cached (the JIT's
+    specialisation then depends on nothing else); others take ``kernel[grid]`` every time."""
+    for t in tensors:
+        if t.data_ptr() & 15:
+            kernel[grid](*tensors, *scalars, **kw)
+            return
+    key = (plan_key, tensors[0].get_device())
     entry = _CACHE.get(key)
-    if entry is None:
-        compiled = kernel[grid](*args, **kw)
-        if len(_CACHE) < _MAX and compiled is not None:
-            tail = tuple(kw[name] for name in kernel.arg_names[len(args):])  # the constexprs, in order
-            _CACHE[key] = (compiled, tail)
+    if entry is None or _hooked():
+        compiled = kernel[grid](*tensors, *scalars, **kw)
+        if entry is None and len(_CACHE) < _MAX and not _interpreted(kernel) and compiled is not None:
+            n = len(tensors) + len(scalars)
+            _CACHE[key] = (compiled, tuple(kw[name] for name in kernel.arg_names[n:]))  # the constexprs, in order
         return
     compiled, tail = entry
-    stream = driver.active.get_current_stream(device)
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                 compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                 _stream(key[1]), compiled.function, compiled.packed_metadata, None, None, None,
+                 *tensors, *scalars, *tail)
+
+
+def _stream(device: int):
+    return driver.active.get_current_stream(device)
