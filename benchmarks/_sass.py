@@ -25,8 +25,9 @@ lanes split between the fmaheavy and fmalite pipes, 4 SFU lanes):
 
 Executed path: the code after the function's last ``EXIT`` reached by ``CALL`` (``div_rn``'s
 slow path) is reported as ``slow``, not executed; a backward branch is a loop whose body counts
-``trips`` times (the caller's number); a forward conditional branch's skipped range is reported
-as ``cond`` and left in the executed count (an upper bound) unless the caller names it cold.
+``trips`` times (the caller's number); forward conditional branches as ``count`` says (an
+if/else counts its longer side, a range that only calls the slow path nothing, any other range
+in full).
 """
 from __future__ import annotations
 
@@ -159,16 +160,25 @@ def _target(operands: str) -> int | None:
     return int(m.group(1), 16) if m else None
 
 
-def count(sass: list, trips: int = 1, cold: bool = False) -> dict:
+def count(sass: list, trips: int = 1) -> dict:
     """Executed instructions by pipe of one thread (module docstring): ``trips`` the iterations of
-    every loop; ``cold``: forward conditional ranges are skipped on ordinary data."""
+    every loop. Forward conditional branches: an if/else (the branch lands just past an
+    unconditional forward ``BRA`` that skips the other side) counts its longer side, the shorter
+    being the exceptional case (NVFP4's all-zero tensor); a one-sided range that only calls a
+    subroutine (``div_rn``'s slow path) counts nothing; any other one-sided range counts in full
+    (an upper bound). ``cond``: the instructions so left out or in doubt."""
     last_exit = max((a for a, _, op, _ in sass if op == "EXIT"), default=0)
-    weight = {a: 1 for a, _, _, _ in sass}
+    addrs = [a for a, _, _, _ in sass]
+    ops = {a: op for a, _, op, _ in sass}
+    weight = {a: 1 for a in addrs}
     slow = cond = 0
     for a, pred, op, operands in sass:
         if a > last_exit:  # subroutines (CALL targets) and padding after the last EXIT
             weight[a] = 0
             slow += op not in ("NOP", "BRA")
+
+    def span(lo, hi):
+        return [b for b in addrs if lo <= b < hi]
     for a, pred, op, operands in sass:
         if op.split(".")[0] != "BRA" or a > last_exit:
             continue
@@ -176,16 +186,26 @@ def count(sass: list, trips: int = 1, cold: bool = False) -> dict:
         if t is None:
             continue
         if t <= a:  # a loop: its body runs ``trips`` times
-            for b in weight:
-                if t <= b <= a:
-                    weight[b] *= trips
-        elif pred:
-            size = sum(1 for b in weight if a < b < t)
-            cond += size
-            if cold:
-                for b in weight:
-                    if a < b < t:
-                        weight[b] = 0
+            for b in span(t, a + 1):
+                weight[b] *= trips
+            continue
+        if not pred:
+            continue
+        then = span(a + 1, t)
+        jump = then[-1] if then else None
+        end = _target(next(o for b, _, _, o in sass if b == jump)) if jump and ops[jump] == "BRA" else None
+        if end is not None and end > t and not next(p for b, p, _, _ in sass if b == jump):  # if/else
+            other = span(t, end)
+            short = then if len(then) < len(other) else other
+            cond += len(short)
+            for b in short:
+                weight[b] = 0
+        elif any(ops[b].startswith("CALL") for b in then):  # a call to a slow path
+            cond += len(then)
+            for b in then:
+                weight[b] = 0
+        else:
+            cond += len(then)
     by_pipe = dict.fromkeys(PIPES, 0)
     for a, _, op, _ in sass:
         by_pipe[pipe(op)] += weight[a]

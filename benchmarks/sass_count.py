@@ -149,7 +149,7 @@ def _trips(launch) -> int:
 _COMPILED: dict = {}
 
 
-def measure(launch, numel: int, cold: bool = False) -> dict:
+def measure(launch, numel: int) -> dict:
     """Per-element executed thread-instructions by pipe of one launch over ``numel`` elements."""
     key = (launch.fn, repr({k: v for k, v in launch.kwargs.items()}),
            tuple(str(a.dtype) if isinstance(a, torch.Tensor) else (a % 16 == 0, a == 1) if isinstance(a, int) else a
@@ -159,22 +159,22 @@ def measure(launch, numel: int, cold: bool = False) -> dict:
         _COMPILED[key] = (_sass.disassemble(k.asm["cubin"]), k.metadata.num_warps, k.n_regs if False else None,
                           k.metadata)
     sass, warps, _, meta = _COMPILED[key]
-    c = _sass.count(sass, _trips(launch), cold)
+    c = _sass.count(sass, _trips(launch))
     per = 32 * warps * math.prod(launch.grid) / max(numel, 1)
     row = {k: round(v * per, 1) for k, v in c.items() if k not in ("static",)}
     row.update(kernel=launch.fn.__name__, warps=warps, grid=list(launch.grid), static=c["static"])
     return row
 
 
-def family_row(name: str, shape, role: str = "", stats: bool = False, cold: bool = False) -> dict:
+def family_row(name: str, shape, role: str = "", stats: bool = False) -> dict:
     """One format on one shape: each launch's counts and their sum, against the budget at the
     bytes the launches move (8 an element, 4 more for each extra pass over the tensor)."""
     fmt = parse_format(name) if isinstance(name, str) else name
-    return _row(str(name), launches(fmt, shape, stats), math.prod(shape), shape, role, stats, cold)
+    return _row(str(name), launches(fmt, shape, stats), math.prod(shape), shape, role, stats)
 
 
-def _row(name: str, calls: list, numel: int, shape, role: str = "", stats: bool = False, cold: bool = False) -> dict:
-    parts = [measure(la, numel, cold) for la in calls]
+def _row(name: str, calls: list, numel: int, shape, role: str = "", stats: bool = False) -> dict:
+    parts = [measure(la, numel) for la in calls]
     total = {k: round(sum(p[k] for p in parts), 1) for k in ("all", *_sass.PIPES, "slow", "cond")}
     nbytes = 8 + 4 * (len(parts) - 1)
     return {"format": name, "shape": list(shape), "role": role, "stats": stats, "bytes": nbytes,

@@ -86,10 +86,12 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
         if isinstance(fmt.block, tuple):  # 2-D tiles: on the tensor as it is
             view, block = _view(tuple(x32.shape), axis, fmt.block)
             return fast(x32.contiguous(), view, block, fmt.rounding, fmt.tensor_scale, te, keys)
-        xm = (x32.reshape(1) if x32.dim() == 0 else x32).movedim(axis, -1).contiguous()
+        xm = x32.reshape(1) if x32.dim() == 0 else x32
+        last = axis == xm.dim() - 1
+        xm = (xm if last else xm.movedim(axis, -1)).contiguous()
         out = fast(xm, (xm.numel() // xm.shape[-1], 1, xm.shape[-1], 1), (1, fmt.block), fmt.rounding,
                    fmt.tensor_scale, te, keys)
-        return out.movedim(-1, axis).reshape(x32.shape)
+        return (out if last else out.movedim(-1, axis)).reshape(x32.shape)
     keys = key_ints(keys)  # every other path takes the keys as numbers
     if te:  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)
         if backend == "cpu" and not x32.is_cuda and x32.dim() and x32.numel():  # any axis, in place

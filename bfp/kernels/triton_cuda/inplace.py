@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launcher
 from .element import ELEMS, launch, rule_kwargs
 from .rule import quant_const, rand32
 
@@ -39,6 +40,7 @@ def round_inplace(x: torch.Tensor, rule, keys) -> torch.Tensor:
 def add_round(s: torch.Tensor, t: torch.Tensor, rule, keys) -> torch.Tensor:
     """``s = rule(s + t)`` in place, contiguous float32 tensors of one shape."""
     n = s.numel()
-    _add_round[(-(-n // ELEMS),)](s, t, s if keys is None else keys, n, **rule_kwargs(rule), BLOCK=ELEMS,
-                                  IDX64=n + 2 * ELEMS >= 2 ** 31, enable_fp_fusion=False)
+    launcher.run(_add_round, (-(-n // ELEMS),), (s, t, s if keys is None else keys), (n,),
+                 dict(**rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31, enable_fp_fusion=False),
+                 ("add_round", n, rule, keys is None))
     return s

@@ -1,10 +1,11 @@
 """NVFP4 (``bfp.formats.nvfp4``) in Triton: both conventions (bfpsim's and TransformerEngine's), 1-D
 blocks along a contiguous last axis and 2-D tiles (TE's 16 x 16 weight tiles) on the tensor as it is.
 
-Three launches, none of which waits on the host: ``_amax`` (each program's largest magnitude as
-int32 bits: finite ones for bfpsim's convention, Inf included for TE's, whose amax kernel sees it;
-NaN never), a torch ``amax`` of those few partial maxima (a 0-dim device tensor), and
-``_quantize``: one program owns ``TPP`` whole blocks, viewed as ``(B, R, C, Z)`` with tiles of
+Two launches after a zeroed 0-dim int32 tensor, none of which waits on the host: ``_amax`` (the
+tensor's largest magnitude as int32 bits by an integer atomic max, deterministic: finite ones for
+bfpsim's convention, Inf included for TE's, whose amax kernel sees it; NaN never) and
+``_quantize``, whose programs run in reverse order (the blocks the amax pass read last are the
+likeliest still in L2): one program owns ``TPP`` whole blocks, viewed as ``(B, R, C, Z)`` with tiles of
 ``BR x BC`` over ``R`` and ``C`` (1-D blocks: ``R = BR = Z = 1``). It reads the tensor's amax,
 derives the tensor's scales itself, then per block the E4M3 block scale and per element the E2M1
 code, exactly as the PyTorch references (``kernels/nvfp4.py``, ``kernels/nvfp4_te.py``):
@@ -16,7 +17,7 @@ code, exactly as the PyTorch references (``kernels/nvfp4.py``, ``kernels/nvfp4_t
             sb8 = e4m3(clamp(min(amax_b * mult, FLT_MAX), -448, 448))
             enc = min(1 / (sb8 * s_dec), FLT_MAX);  v = clamp(x * enc, -6, 6);  out = e2m1(v) * sb8 * s_dec
 
-The roundings of E4M3 and E2M1 are the integer element rule (``rule.py``); the float32 operations
+The roundings of E4M3 and E2M1 are the element rule (``rule.py``'s ``quant_const``); the float32 operations
 between them are IEEE divisions (``tl.math.div_rn``: Triton's ``/`` is an approximate division on a
 GPU) and products, launched with ``enable_fp_fusion=False`` so no multiply-add is fused, which is
 what NumPy does in the interpreter: the two agree bit for bit. Clamps and minima keep a NaN operand
@@ -35,6 +36,7 @@ import triton.language as tl
 
 from ..nvfp4_codes import E2M1, E4M3
 from ..plan import rule_for
+from . import launcher
 from .element import rule_kwargs
 from .rule import EXP_INF, MAG, quant_const, rand32
 
@@ -43,12 +45,14 @@ F32_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
-def _amax(x_ptr, part_ptr, n, BLOCK: tl.constexpr, IDX64: tl.constexpr, WITH_INF: tl.constexpr):
+def _amax(x_ptr, amax_ptr, n, BLOCK: tl.constexpr, IDX64: tl.constexpr, WITH_INF: tl.constexpr):
+    """The tensor's largest magnitude bits into ``amax_ptr`` (zeroed by the caller) by an integer
+    atomic max: order-independent, so deterministic; no partial maxima, no second reduction."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK) if IDX64 else pid * BLOCK + tl.arange(0, BLOCK)
     m = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.int32, bitcast=True) & MAG
     keep = (m <= EXP_INF) if WITH_INF else (m < EXP_INF)
-    tl.store(part_ptr + pid, tl.max(tl.where(keep, m, 0), axis=0))
+    tl.atomic_max(amax_ptr, tl.max(tl.where(keep, m, 0), axis=0))
 
 
 @triton.jit
@@ -126,8 +130,9 @@ def _quantize(x_ptr, o_ptr, keys_ptr, amax_ptr, B, R, C, Z, n_tile_rows, n_tile_
               BR: tl.constexpr, BC: tl.constexpr, PR: tl.constexpr, PC: tl.constexpr, TPP: tl.constexpr,
               TILE2D: tl.constexpr, TENSOR_SCALE: tl.constexpr, TE: tl.constexpr,
               E4: tl.constexpr, E2: tl.constexpr, MODE: tl.constexpr, IDX64: tl.constexpr):
-    # E4 / E2: (qt, p2q, hi, lo, kind, man, ftz, ovf_inf, inf_nan) of the E4M3 and E2M1 rules
-    pid = tl.program_id(0)
+    # E4 / E2: (qt, p2q, hi, lo, kind, man, ftz, ovf_inf, inf_nan) of the E4M3 and E2M1 rules.
+    # Programs in reverse: the amax pass read the last blocks last, so they are the likeliest in L2.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     t = pid * TPP + tl.arange(0, TPP)[:, None, None]
     if IDX64:
         t = t.to(tl.int64)
@@ -181,10 +186,26 @@ def tensor_amax(x: torch.Tensor, with_inf: bool = False) -> torch.Tensor:
     """The largest finite magnitude of contiguous float32 ``x`` (``with_inf``: Inf counted; NaN
     never) as a 0-dim int32 device tensor of its bits."""
     n = x.numel()
-    grid = (-(-n // ELEMS),)
-    part = torch.empty(grid[0], dtype=torch.int32, device=x.device)
-    _amax[grid](x, part, n, BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31, WITH_INF=with_inf)
-    return part.amax()
+    amax = torch.zeros((), dtype=torch.int32, device=x.device)
+    launcher.run(_amax, (-(-n // ELEMS),), (x, amax), (n,),
+                 dict(BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31, WITH_INF=with_inf), ("amax", n, with_inf))
+    return amax
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(view: tuple, block: tuple, rounding, tensor_scale: bool, te: bool, stochastic: bool) -> tuple:
+    """(grid, integer arguments, keyword arguments) of ``_quantize``, once a layout and format."""
+    B, R, C, Z = view
+    BR, BC = block
+    pr, pc = _pow2(BR), _pow2(BC)
+    ntr, ntc = -(-R // BR), -(-C // BC)
+    tpp = max(1, ELEMS // (pr * pc))
+    e2 = rule_for(E2M1[rounding])
+    n = B * R * C * Z
+    kw = dict(BR=BR, BC=BC, PR=pr, PC=pc, TPP=tpp, TILE2D=(BR, R, Z) != (1, 1, 1), TENSOR_SCALE=tensor_scale, TE=te,
+              E4=_consts(rule_for(E4M3)), E2=_consts(e2), MODE=e2.mode, IDX64=2 * n + 2 * ELEMS >= 2 ** 31,
+              enable_fp_fusion=False)
+    return (-(-(B * ntr * ntc * Z) // tpp),), (B, R, C, Z, ntr, ntc), kw
 
 
 def quantize(x: torch.Tensor, view: tuple, block: tuple, rounding, tensor_scale: bool, te: bool, keys
@@ -193,18 +214,9 @@ def quantize(x: torch.Tensor, view: tuple, block: tuple, rounding, tensor_scale:
     (BR, BC)`` over its ``R`` and ``C`` axes (1-D blocks along the last axis: ``(B, 1, C, 1)`` and
     ``(1, BC)``); tail blocks shorter. ``te``: TransformerEngine's convention; ``keys``: the
     stochastic keys as an int64 tensor on ``x``'s device, or None."""
-    B, R, C, Z = view
-    BR, BC = block
+    key = (view, block, rounding, tensor_scale, te, keys is not None)
+    grid, scalars, kw = _plan(*key)
     out = torch.empty_like(x)
-    n = x.numel()
     amax = tensor_amax(x, with_inf=te)
-    pr, pc = _pow2(BR), _pow2(BC)
-    ntr, ntc = -(-R // BR), -(-C // BC)
-    tiles = B * ntr * ntc * Z
-    tpp = max(1, ELEMS // (pr * pc))
-    e2 = rule_for(E2M1[rounding])
-    _quantize[(-(-tiles // tpp),)](x, out, x if keys is None else keys, amax, B, R, C, Z, ntr, ntc, BR=BR, BC=BC,
-                                   PR=pr, PC=pc, TPP=tpp, TILE2D=(BR, R, Z) != (1, 1, 1), TENSOR_SCALE=tensor_scale,
-                                   TE=te, E4=_consts(rule_for(E4M3)), E2=_consts(e2), MODE=e2.mode,
-                                   IDX64=2 * n + 2 * ELEMS >= 2 ** 31, enable_fp_fusion=False)
+    launcher.run(_quantize, grid, (x, out, x if keys is None else keys, amax), scalars, kw, key)
     return out

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launcher
 from .element import rule_kwargs
 from .nvfp4 import ELEMS, _clamp, _f32, tensor_amax
 from .rule import EXP_INF, MAG, quant_const, rand32
@@ -134,9 +135,10 @@ def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_ama
     top = amax(x32) if given_amax is None else given_amax.to(device=x32.device, dtype=torch.float32).reshape(())
     out = torch.empty_like(x32)
     n = x32.numel()
-    _scaled[(-(-n // ELEMS),)](x32, out, x32 if keys is None else keys, top, n, FMAX=fmax, POW2=pow2,
-                               **rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31,
-                               enable_fp_fusion=False)
+    kw = dict(FMAX=fmax, POW2=pow2, **rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31,
+              enable_fp_fusion=False)
+    launcher.run(_scaled, (-(-n // ELEMS),), (x32, out, x32 if keys is None else keys, top), (n,), kw,
+                 ("tensorwise", n, fmax, pow2, rule, keys is None, top.dtype))
     return out
 
 
@@ -149,13 +151,15 @@ def rowwise(x32: torch.Tensor, axis: int, fmax: float, pow2: bool, rule, keys) -
     R = x32.numel() // C
     out = torch.empty_like(x32)
     consts = dict(FMAX=fmax, POW2=pow2, **rule_kwargs(rule), IDX64=2 * x32.numel() + 2 * ELEMS >= 2 ** 31)
+    key = ("rowwise", R, C, Z, fmax, pow2, rule, keys is None)
     keys = x32 if keys is None else keys
     if C <= MAX_ROW:
         pt = 1 << max(C - 1, 0).bit_length()
         tpp = max(1, ELEMS // pt)
-        _rows[(-(-R // tpp),)](x32, out, keys, R, C, Z, PT=pt, TPP=tpp, STRIDED=Z > 1, **consts,
-                               enable_fp_fusion=False)
+        launcher.run(_rows, (-(-R // tpp),), (x32, out, keys), (R, C, Z),
+                     dict(PT=pt, TPP=tpp, STRIDED=Z > 1, **consts, enable_fp_fusion=False), key)
     else:
-        _long_rows[(R,)](x32, out, keys, C, Z, CHUNK=ELEMS, **consts, enable_fp_fusion=False)
+        launcher.run(_long_rows, (R,), (x32, out, keys), (C, Z), dict(CHUNK=ELEMS, **consts, enable_fp_fusion=False),
+                     key)
     return out
 
