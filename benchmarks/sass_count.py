@@ -47,22 +47,35 @@ ROUNDINGS = {r.value: r for r in Rounding}
 META = "meta"
 
 
-def resnet18_shapes(batch: int = 128) -> list[tuple[str, tuple]]:
-    """(role, shape) of every distinct tensor ResNet18-CIFAR quantizes: weights (w), layer inputs (a)
-    and output gradients (g), from the model run on a meta batch."""
+def resnet18_shapes(batch: int = 128) -> list[tuple[str, tuple, int]]:
+    """(role, shape, how many) of every distinct tensor ResNet18-CIFAR quantizes in a training step:
+    weights (w), layer inputs (a) and output gradients (g) of each conv and linear layer, from the
+    model run on a meta batch; a shape's role is the first it was seen in."""
     from bfp.models import create
     model = create("ResNet18").to(META)
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple, list] = {}
 
     def hook(mod, inp, out):
         for role, shape in (("w", mod.weight.shape), ("a", inp[0].shape), ("g", out.shape)):
-            seen.setdefault(tuple(shape), role)
+            seen.setdefault(tuple(shape), [role, 0])[1] += 1
     for m in model.modules():
         if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
             m.register_forward_hook(hook)
     with torch.no_grad():
         model(torch.empty(batch, 3, 32, 32, device=META))
-    return [(role, shape) for shape, role in seen.items()]
+    return [(role, shape, n) for shape, (role, n) in seen.items()]
+
+
+def step_row(rows: list[dict]) -> dict:
+    """A format's ResNet18 step as one figure: the fraction of copy speed of all its tensors together,
+    each weighted by the bytes it moves (time at copy speed over estimated time)."""
+    moved = sum(r["count"] * math.prod(r["shape"]) * r["bytes"] for r in rows)
+    took = sum(r["count"] * math.prod(r["shape"]) * r["bytes"] / max(r["x_copy"], 1e-9) for r in rows)
+    elems = sum(r["count"] * math.prod(r["shape"]) for r in rows)
+    per = {k: round(sum(r["count"] * math.prod(r["shape"]) * r[k] for r in rows) / elems, 1)
+           for k in ("all", *_sass.PIPES, "slow")}
+    return {**rows[0], **per, "role": "step", "shape": ["resnet18"], "x_copy": round(moved / took, 2),
+            "kernels": "element-weighted over the step's tensors"}
 
 
 def _x(shape):
@@ -183,19 +196,21 @@ def _row(name: str, calls: list, numel: int, shape, role: str = "", stats: bool 
 
 
 def _summary(rows: list[dict]) -> list[dict]:
-    """Per format: the row of the 64x128x32x32 tensor and the worst of the others (by x copy)."""
+    """Per format: the row of the 64x128x32x32 tensor, the worst of the others (by x copy) and the
+    ResNet18 step's element-weighted row."""
     out = []
     for name in dict.fromkeys(r["format"] + ("+stats" if r["stats"] else "") for r in rows):
         mine = [r for r in rows if r["format"] + ("+stats" if r["stats"] else "") == name]
         base = [r for r in mine if tuple(r["shape"]) == SHAPE and not r["role"]] or mine[:1]
-        worst = min(mine, key=lambda r: (r["x_copy"], -r["all"]))
-        out += base + ([worst] if worst is not base[0] else [])
+        shapes = [r for r in mine if r["role"] != "step"]
+        worst = min(shapes, key=lambda r: (r["x_copy"], -r["all"]))
+        out += base + ([worst] if worst is not base[0] else []) + [r for r in mine if r["role"] == "step"]
     return out
 
 
 def _parse_shapes(p, text: str):
     if text == "resnet18":
-        return [(role, s) for role, s in resnet18_shapes()] + [("", SHAPE)]
+        return resnet18_shapes() + [("", SHAPE, 0)]
     out = []
     for part in text.split(","):
         try:
@@ -204,7 +219,7 @@ def _parse_shapes(p, text: str):
             shape = ()
         if not shape or min(shape) < 1:
             p.error(f"--shapes {part!r}: not a shape; allowed 'resnet18' or shapes like 64x128x32x32, comma-separated")
-        out.append(("", shape))
+        out.append(("", shape, 1))
     return out
 
 
@@ -231,7 +246,10 @@ def main(argv=None) -> int:
         p.error(f"--formats {', '.join(map(repr, bad))}: not a format name; allowed a comma-separated list of "
                 f"{', '.join(FORMATS)} or any bfp.format_names() entry, with :truncate, :nearest or :stochastic")
     shapes = _parse_shapes(p, args.shapes)
-    rows = [family_row(n, s, role) for n in formats for role, s in shapes]
+    rows = []
+    for n in formats:
+        mine = [dict(family_row(n, s, role), count=k) for role, s, k in shapes]
+        rows += mine + ([step_row([r for r in mine if r["count"]])] if args.shapes == "resnet18" else [])
     rows += [family_row("fb16", SHAPE, stats=True)]
     rows += [_row(label, calls, numel, SHAPE) for label, calls, numel in other_launches(SHAPE)]
     print(f"triton {triton.__version__}, sm_90 as a launch compiles it; executed thread-instructions per element "

@@ -196,7 +196,7 @@ def tensor_amax(x: torch.Tensor, with_inf: bool = False) -> torch.Tensor:
 def _plan(view: tuple, block: tuple, rounding, tensor_scale: bool, te: bool, stochastic: bool) -> tuple:
     """(grid, integer arguments, keyword arguments) of ``_quantize``, once a layout and format."""
     B, R, C, Z = view
-    BR, BC = block
+    BR, BC = min(block[0], R), min(block[1], C)  # a block longer than its axis is the axis: the same tiles, fewer slots
     pr, pc = _pow2(BR), _pow2(BC)
     ntr, ntc = -(-R // BR), -(-C // BC)
     tpp = max(1, ELEMS // (pr * pc))
