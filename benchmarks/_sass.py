@@ -125,6 +125,17 @@ def disassemble(cubin: bytes) -> list[tuple[int, str, str, str]]:
     return out
 
 
+def resources(cubin: bytes) -> tuple[int, int]:
+    """(registers a thread, spill bytes) of ``cubin`` (``cuobjdump -res-usage``)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    regs = int(re.search(r"REG:(\d+)", text).group(1))
+    return regs, sum(int(v) for v in re.findall(r"(?:STACK|LOCAL):(\d+)", text))
+
+
 _ALU = ("LOP", "LOP3", "SEL", "FSEL", "ISETP", "FSETP", "DSETP", "SHF", "SHL", "SHR", "IMNMX", "VIMNMX", "FMNMX",
         "IADD3", "IADD", "VIADD", "VIADDMNMX", "LEA", "IABS", "POPC", "FLO", "BREV", "PRMT", "SGXT", "BMSK",
         "PLOP3", "P2R", "R2P", "MOV", "CS2R", "FCHK", "ICMP", "I2IP", "F2FP", "HMNMX2", "VABSDIFF", "PSETP")

@@ -169,13 +169,13 @@ def measure(launch, numel: int) -> dict:
                  for a in launch.args))
     if key not in _COMPILED:
         k = _sass.compile_launch(launch)
-        _COMPILED[key] = (_sass.disassemble(k.asm["cubin"]), k.metadata.num_warps, k.n_regs if False else None,
-                          k.metadata)
-    sass, warps, _, meta = _COMPILED[key]
+        _COMPILED[key] = (_sass.disassemble(k.asm["cubin"]), k.metadata.num_warps, _sass.resources(k.asm["cubin"]))
+    sass, warps, (regs, spill) = _COMPILED[key]
     c = _sass.count(sass, _trips(launch))
     per = 32 * warps * math.prod(launch.grid) / max(numel, 1)
     row = {k: round(v * per, 1) for k, v in c.items() if k not in ("static",)}
-    row.update(kernel=launch.fn.__name__, warps=warps, grid=list(launch.grid), static=c["static"])
+    row.update(kernel=launch.fn.__name__, warps=warps, grid=list(launch.grid), static=c["static"], registers=regs,
+               spill_bytes=spill)
     return row
 
 

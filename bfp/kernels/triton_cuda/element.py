@@ -215,10 +215,13 @@ def tile_config(shape4, tile4) -> dict:
     out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS)
     if out["big"]:  # one program a tile, swept in chunks
         return dict(out, TPP=1, warps=4, consts=dict(consts, SIZE=size, CH=CHUNK))
-    tpp = max(1, ELEMS // pt)
-    # Strided tiles: 2 warps, so a thread's share of the slot arithmetic covers more rows (sm_90 SASS:
-    # fb16 on NCHW 135 thread-instructions an element with 4 warps, 90 with 2; BENCHMARKS.md).
-    return dict(out, TPP=tpp, warps=4 if runs else 2, consts=dict(consts, PT=pt, TPP=tpp))
+    # Strided tiles: every thread holds a share of every tile row of its program and computes that
+    # row's index and constants, so the fewer threads a program, the fewer rows each thread pays for:
+    # one warp over 1024 slots (sm_90, as launched: fb16 on 64x128x32x32 82 thread-instructions an
+    # element with 2 warps over 2048, 64 with this; 127-154 registers, no spill: about 13 programs an
+    # SM, 50 KB of loads in flight; BENCHMARKS.md). Runs: 4 warps over 2048.
+    tpp = max(1, (ELEMS if runs else ELEMS // 2) // pt)
+    return dict(out, TPP=tpp, warps=4 if runs else 1, consts=dict(consts, PT=pt, TPP=tpp))
 
 
 @functools.lru_cache(maxsize=1024)
