@@ -116,3 +116,40 @@ def test_nccl_avg_premultiplies_each_rank_by_the_rounded_reciprocal():
     two = torch.randn(4, 9, generator=g)  # N = 4: 1/4 is exact, so only q(x) differs from 'cast-first'
     assert torch.equal(RoundedReduce(fp16, order="sequential", divide="nccl-avg")(two),
                        RoundedReduce(fp16, order="sequential", divide="cast-first")(two))
+
+
+def test_nccls_ring_reduce_scatter_starts_a_segment_after_its_owner_on_each_channels_ring():
+    from bfp.distributed.orders import nccl_reduce_scatter_groups
+    group, orders = nccl_reduce_scatter_groups(4, 3, 4)
+    assert [orders[g] for g in group.tolist()] == [(1, 2, 0)] * 4 + [(2, 0, 1)] * 4 + [(0, 1, 2)] * 4
+    # two channels of 4 elements a segment (16-byte units), the second around the ring 2, 1, 0
+    group, orders = nccl_reduce_scatter_groups(8, 3, 4, NcclOptions(channels=2, rings=((0, 1, 2), (2, 1, 0))))
+    seq = [orders[g] for g in group.tolist()]
+    assert seq == ([(1, 2, 0)] * 4 + [(2, 1, 0)] * 4 + [(2, 0, 1)] * 4 + [(0, 2, 1)] * 4
+                   + [(0, 1, 2)] * 4 + [(1, 0, 2)] * 4)
+
+
+def test_fsdps_nccl_ring_reduce_scatter_adds_in_that_order_and_gloos_does_not():
+    import torch
+    from bfp import format_from_name
+    from bfp.distributed.fsdp import RoundedReduceScatter
+    fp16 = format_from_name("float16")
+    # segment d: the rank after d holds 2048 (float16's spacing there is 2), the next two 1 each, d
+    # itself 0. NCCL adds 2048 + 1 first (ties to even: 2048, twice); gloo adds 1 + 1 first (2050).
+    world, n = 4, 2
+    stack = torch.zeros(world, world * n)
+    for d in range(world):
+        for k, v in ((1, 2048.0), (2, 1.0), (3, 1.0)):
+            stack[(d + k) % world, d * n:(d + 1) * n] = v
+
+    def by_hand(order, seg):
+        acc = stack[order[0], seg * n:(seg + 1) * n].half()
+        for w in order[1:]:
+            acc = (acc.float() + stack[w, seg * n:(seg + 1) * n]).half()
+        return acc.float()
+    shapes = [torch.Size([world, n])]
+    got = RoundedReduceScatter(RoundedReduce(fp16, order="nccl-ring", average=False), shapes)._reduce(stack, world)
+    want = torch.cat([by_hand([(d + 1 + k) % world for k in range(world)], d) for d in range(world)])
+    assert torch.equal(got, want) and got.tolist() == [2048.0] * 8
+    gloo = RoundedReduceScatter(RoundedReduce(fp16, order="gloo", average=False), shapes)._reduce(stack, world)
+    assert gloo.tolist() == [2050.0] * 8  # the negative control: another order, another sum

@@ -7,13 +7,15 @@ parameter (FSDP's ``foreach_reduce``), and takes back row ``rank`` reduced. The 
 buffers (every worker's gradient on every rank: ``W`` times a ring's traffic, the transport of the
 DDP hook's orders that need the whole buffer) and reduces them with ``RoundedReduce``:
 
-* ``gloo`` (and the other library orders, ``nccl-ring``, ``nccl-tree``): on FSDP's flat buffer as it
-  is, which is what gloo's ``reduce_scatter`` does (its ring all-reduce of the whole buffer, then
-  chunk ``rank`` kept); APS shifts each parameter's shard segment of a row by its own exponent (the
-  library adds the flat buffer, so a parameter's shards are separate segments there). NCCL's ring
-  reduce-scatter starts rank ``d``'s segment at ``d + 1`` (``src/device/reduce_scatter.h``), which its
-  all-reduce order does not model: ``nccl-ring`` here is the all-reduce's order, stated, not NCCL's
-  reduce-scatter's.
+* ``gloo`` (and ``nccl-tree``): on FSDP's flat buffer as it is, in the all-reduce's order, which
+  is what gloo's ``reduce_scatter`` does (its ring all-reduce of the whole buffer, then chunk
+  ``rank`` kept); APS shifts each parameter's shard segment of a row by its own exponent (the
+  library adds the flat buffer, so a parameter's shards are separate segments there).
+* ``nccl-ring``: NCCL's ring reduce-scatter (``src/device/reduce_scatter.h``, ``runRing``;
+  ``orders.nccl_reduce_scatter_groups``): rank ``d``'s segment is started by the rank after ``d`` on
+  each channel's ring and finished by ``d``, channels cutting each segment as they cut an
+  all-reduce's buffer; APS as for ``gloo``. Not compared with a real NCCL here (no GPU): tested
+  against hand-derived sums.
 * ``sequential`` and ``param-ring``: parameter by parameter in its (dim-0 padded) shape, so
   ``BlockFloat`` tiles and ``MX`` blocks are the parameter's own; FSDP's padding rows are zeros and
   round to zero (a tile that spans dim 0 sees them as zeros, the only rule where the cut meets a tile).
@@ -49,6 +51,7 @@ import torch.nn as nn
 from ..formats import Format
 from ..kernels import needs_keys, quantize
 from .hook import gather_workers
+from .orders import element_bytes, nccl_reduce_scatter_groups
 from .reduce import LIBRARY_ORDERS, RoundedReduce
 
 __all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "RoundedAllGather", "install_rounded_all_gather",
@@ -84,6 +87,10 @@ class RoundedReduceScatter:
     def _reduce(self, stack: torch.Tensor, world: int) -> torch.Tensor:
         """Every worker's flat buffer ([W, W * n]) reduced, in FSDP's flat layout."""
         sizes = [s.numel() // world for s in self.shapes]  # one shard segment of each parameter a row
+        if self.reduce.order == "nccl-ring":  # NCCL's ring reduce-scatter: segment d from rank d+1 round to d
+            es = element_bytes(self.reduce.fmt)
+            return self.reduce(stack, sizes * world,
+                               groups=nccl_reduce_scatter_groups(stack.shape[1] // world, world, es, self.reduce.nccl))
         if self.reduce.order in LIBRARY_ORDERS:  # the flat buffer as the library adds it
             return self.reduce(stack, sizes * world)
         rows = stack.reshape(stack.shape[0], world, -1)  # [worker, row, n]

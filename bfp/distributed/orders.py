@@ -56,7 +56,7 @@ import torch
 from ..formats import Format
 
 __all__ = ["GLOO_MAX_SEGMENT", "gloo_segments", "gloo_chunks", "gloo_order", "element_bytes", "NcclOptions",
-           "NCCL_CHUNK_BYTES", "channel_parts", "nccl_ring_groups", "btree", "dtree", "nccl_tree"]
+           "NCCL_CHUNK_BYTES", "channel_parts", "nccl_ring_groups", "nccl_reduce_scatter_groups", "btree", "dtree", "nccl_tree"]
 
 NCCL_CHUNK_BYTES = {"simple": 2 << 20, "ll": 32 << 10, "ll128": 576_000}
 
@@ -166,6 +166,30 @@ def nccl_ring_groups(n: int, world: int, es: int, opts: NcclOptions = NcclOption
                 if len(orders) < len(index):
                     orders.append(seq)
             elem += world * cc
+    return group, orders
+
+
+def nccl_reduce_scatter_groups(n: int, world: int, es: int, opts: NcclOptions = NcclOptions()
+                               ) -> tuple[torch.Tensor, list]:
+    """(the group of every element of a reduce-scatter's flat input of ``world * n`` elements, each
+    group's ranks in the order they add it) for NCCL's ring reduce-scatter (``src/device/
+    reduce_scatter.h``, ``runRing``): rank ``d``'s segment (elements ``d * n`` to ``(d + 1) * n``) is
+    sent first by the rank after ``d`` on the channel's ring (step 0: ``rankDest = ringRanks[nranks -
+    1]``), each next rank adds its own value (``recvReduceSend``) and ``d`` adds last
+    (``recvReduceCopy``). Each segment is cut into the channels' parts as ``channel_parts`` cuts an
+    all-reduce's buffer (``ncclCollCbdPart`` over the per-rank count), each channel adding around its
+    own ring; the protocol's chunks do not change the order."""
+    group = torch.empty(world * n, dtype=torch.long)
+    orders: list[tuple[int, ...]] = []
+    index: dict[tuple[int, ...], int] = {}
+    for ch, (off, count) in enumerate(channel_parts(n, opts.channels, es)):
+        ring = opts.ring(ch, world)
+        pos = {r: i for i, r in enumerate(ring)}
+        for d in range(world):
+            seq = tuple(ring[(pos[d] + 1 + k) % world] for k in range(world))
+            group[d * n + off:d * n + off + count] = index.setdefault(seq, len(index))
+            if len(orders) < len(index):
+                orders.append(seq)
     return group, orders
 
 

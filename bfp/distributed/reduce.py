@@ -172,6 +172,15 @@ def aps_shift(stack: torch.Tensor, fmt: Optional[Format]) -> int:
     return top - need
 
 
+def _by_groups(terms: torch.Tensor, group: torch.Tensor, orders: list) -> list[torch.Tensor]:
+    """The addends in order when flat element ``i`` is added by the workers ``orders[group[i]]``."""
+    n = terms.shape[0]
+    flat = terms.reshape(n, -1)
+    worker = torch.tensor(orders, dtype=torch.long, device=flat.device)[group.to(flat.device)]
+    cols = torch.arange(flat.shape[1], device=flat.device)
+    return [flat[worker[:, k], cols].reshape(terms.shape[1:]) for k in range(n)]
+
+
 @dataclass(frozen=True)
 class RoundedReduce:
     """A rounded N-worker gradient reduction (see the module docstring)."""
@@ -209,11 +218,14 @@ class RoundedReduce:
             return self._q(stack)
         return torch.stack([self._q(row) for row in stack.unbind(0)])
 
-    def __call__(self, stack: torch.Tensor, sizes: Optional[list[int]] = None) -> torch.Tensor:
+    def __call__(self, stack: torch.Tensor, sizes: Optional[list[int]] = None, *, groups=None) -> torch.Tensor:
         """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``. ``sizes``: the
         stack is a flat buffer ([N, sum(sizes)]) of parameters one after another, reduced at once in a
         library's order as the library adds it, while APS shifts each parameter by its own exponent
-        (it scales a tensor before the transport, as CPD does), not the buffer by one."""
+        (it scales a tensor before the transport, as CPD does), not the buffer by one. ``groups``:
+        ``(group of each flat element, each group's workers in adding order)``, an order the caller
+        derived (FSDP's NCCL reduce-scatter: ``orders.nccl_reduce_scatter_groups``) instead of
+        ``self.order``'s."""
         n = stack.shape[0]
         if n < 1:
             raise ValueError(f"a reduction needs at least one worker (a stack [N, ...] with N >= 1), got a stack "
@@ -227,7 +239,10 @@ class RoundedReduce:
             v = _shift_segments(v, cuts, shifts)
             overflow.check("reduce", v, self.fmt)  # a loss scaler watching sees a worker's gradient overflow
             terms = self._q_workers(v)
-            total = self._tree_sum(terms) if self.order == "nccl-tree" else self._sum(self._ordered(terms))
+            if groups is not None:
+                total = self._sum(_by_groups(terms, *groups))
+            else:
+                total = self._tree_sum(terms) if self.order == "nccl-tree" else self._sum(self._ordered(terms))
             total = _shift_segments(total[None], cuts, [-x for x in shifts])[0]
             if self.average and self.divide == "after":
                 total = total / n
@@ -257,11 +272,7 @@ class RoundedReduce:
             cols = torch.arange(flat.shape[1], device=flat.device)
             return [flat[(chunk - 1 - k) % n, cols].reshape(terms.shape[1:]) for k in range(n)]
         if self.order == "nccl-ring":  # per channel and block, chunk j from ring index j+1 round to j
-            flat = terms.reshape(n, -1)
-            group, orders = nccl_ring_groups(flat.shape[1], n, element_bytes(self.fmt), self.nccl)
-            worker = torch.tensor(orders, dtype=torch.long, device=flat.device)[group.to(flat.device)]
-            cols = torch.arange(flat.shape[1], device=flat.device)
-            return [flat[worker[:, k], cols].reshape(terms.shape[1:]) for k in range(n)]
+            return _by_groups(terms, *nccl_ring_groups(terms[0].numel(), n, element_bytes(self.fmt), self.nccl))
         shape = tuple(terms.shape[1:])
         t = terms.reshape(n, *(shape or (1,)))
         owner = ring_owner(tuple(t.shape[1:]), n, self.fmt).to(t.device)
