@@ -40,9 +40,10 @@ from bfp.kernels.plan import canonical_4d, rule_for, tile_for  # noqa: E402
 from bfp.kernels.triton_cuda import element as E  # noqa: E402
 
 SHAPE = (64, 128, 32, 32)
-FORMATS = ("fb12", "fb16", "fb24", "fb16:nearest", "float8_e4m3fn", "float8_e4m3fn:stochastic", "float8_e5m2",
-           "bfloat16", "float16", "float4_e2m1fn", "mxfp8_e4m3", "mxfp6_e2m3", "mxfp4_e2m1", "mxint8", "p3109_k8p3se",
-           "nvfp4", "nvfp4_te", "fp8_e4m3_tensorwise", "fp8_e4m3_rowwise")
+FORMATS = ("fb12", "fb16", "fb24", "fb16:nearest", "fb16:stochastic", "float8_e4m3fn", "float8_e4m3fn:stochastic",
+           "float8_e5m2", "bfloat16", "float16", "float4_e2m1fn", "mxfp8_e4m3", "mxfp8_e4m3:stochastic", "mxfp6_e2m3",
+           "mxfp4_e2m1", "mxint8", "p3109_k8p3se", "nvfp4", "nvfp4_sr", "nvfp4_te", "fp8_e4m3_tensorwise",
+           "fp8_e4m3_rowwise")
 ROUNDINGS = {r.value: r for r in Rounding}
 META = "meta"
 

@@ -5,11 +5,11 @@ int64 for Numba's sake; every value here fits 32 bits, and 64-bit integer operat
 to four instructions each): magnitudes, exponents and rounded bits are int32, the random numbers of
 stochastic rounding and the sums whose carry decides it are uint32 (the carry of ``a + r`` is
 ``a + r < a`` after the 32-bit wrap). Written branch-free with ``tl.where`` so it runs on whole
-blocks. Nearest and truncation round by float32 adds where that is exact by construction
-(``_magic_round``: ``quant_const`` for element-wise rules, ``quant_tile`` in tiles; about a third of
-the integer rule's instructions, and on the FP32 pipe, which issues at twice the integer ALU's
-rate); stochastic rounding, one-code-per-binade formats and ranges the adds cannot cover keep the
-integer rule (``quant_elem``). The float steps are IEEE ``add.rn.f32``/``mul.rn.f32`` without
+blocks. Nearest, truncation and stochastic rounding go by float32 adds where that is exact by
+construction (``_magic_round``: ``quant_const`` for element-wise rules, ``quant_tile`` in tiles;
+about a third of the integer rule's instructions, and on the FP32 pipe, which issues at twice the
+integer ALU's rate); bfloat16-range formats, nearest on one-code-per-binade formats and ranges
+the adds cannot cover keep the integer rule (``quant_elem``). The float steps are IEEE ``add.rn.f32``/``mul.rn.f32`` without
 flush-to-zero (Triton emits no ``.ftz`` for them; launches turn FMA fusion off), never libdevice.
 The one other float instruction is an integer-to-float32 conversion of a value below 2**24, exact
 in every rounding mode (``ilog2_small``). Triton's interpreter (CI, on the CPU: NumPy float32)
@@ -217,35 +217,48 @@ def finish(b, rb, hi, lo, KIND: tl.constexpr, MODE: tl.constexpr, FTZ: tl.conste
 
 
 @triton.jit
-def _magic_round(a, c, MODE: tl.constexpr):
-    """``a`` (float32, >= 0) rounded to a multiple of ``c * 2**-23`` (``c`` a power of two of at
+def _magic_round(a, c, r, MODE: tl.constexpr):
+    """``a`` (float32, >= 0) rounded to a multiple of ``g = c * 2**-23`` (``c`` a power of two of at
     least 2**-126 with ``a < c``): ``(a + c) - c`` is IEEE round-to-nearest-even of ``a`` to that
     grid (the sum lies in ``[c, 2c]``, whose spacing is the grid, and the difference is exact by
     Sterbenz); truncation steps down one grid unit where it rounded up (exact: a multiple of the
-    grid below 2**24 units). Every step is exact or one IEEE rounding, so the interpreter's NumPy
-    float32 and a GPU's ``add.f32``/``mul.f32`` (no FTZ, fusion off) give the same bits."""
+    grid below 2**24 units). Stochastic (``r``: uint32 draws; needs ``c <= 2**126``): the truncation
+    ``t``, the dropped part ``f = a - t`` (exact), ``F = floor(f / g * 2**32)`` (two products by
+    powers of two, ``1 / c`` then ``2**55``: exact, except that ``f / c`` below 2**-126 may lose bits
+    in the subnormal range, where ``F < 2**-71`` floors to 0 either way; the conversion truncates),
+    and one grid unit more where
+    ``F + r`` carries out of 32 bits: the integer rule's test, ``rem * 2**(32 - ds) + r >= 2**32``,
+    on the same bits. Every step is exact or one IEEE rounding, so the interpreter's NumPy float32
+    and a GPU's ``add.f32``/``mul.f32``/``cvt.rzi.u32.f32`` (no FTZ, fusion off) agree."""
     t = (a + c) - c
     if MODE == 0:
         t = tl.where(t > a, t - c * 1.1920928955078125e-07, t)
+    elif MODE == 2:
+        g = c * 1.1920928955078125e-07
+        t = tl.where(t > a, t - g, t)
+        inv = (2130706432 - c.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / c: (254 - E_c) << 23
+        f = (((a - t) * inv) * 36028797018963968.0).to(tl.uint32)  # (a - t) / g * 2**32: * 2**-(q + 23) * 2**55
+        t = tl.where(carry(f, r) != 0, t + g, t)
     return t
 
 
 @triton.jit
 def quant_const(b, r, QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr, KIND: tl.constexpr,
                 MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr):
-    """``quant_elem`` for an element-wise rule (every constant the host's): nearest and truncation by
-    ``_magic_round`` where its range holds (module docstring of ``_magic_round``: a float element
-    format with 1..21 mantissa bits, emin >= -127, LSB at least 2**-149, and whose top binade's
-    grid is at most 2**104, so ``c`` <= 2**127 and nothing overflows); otherwise, and for
-    stochastic rounding, the integer rule. Magnitudes at or above ``2**(emax + 1)`` (and Inf/NaN,
-    whose result ``finish`` replaces) are first clamped to it: they round above ``HI`` either way."""
+    """``quant_elem`` for an element-wise rule (every constant the host's) by ``_magic_round`` where
+    its range holds: a float element format of at most 21 mantissa bits (nearest: at least 1, a
+    one-code-per-binade format's ties go to the even code, not the even multiple), emin >= -127,
+    an LSB of at least 2**-149, and a top binade whose grid is at most 2**103, so ``c`` <= 2**126
+    and nothing overflows; otherwise the integer rule. Magnitudes at or
+    above ``2**(emax + 1)`` (and Inf/NaN, whose result ``finish`` replaces) are first clamped to
+    it: they round above ``HI`` either way."""
     TOPE: tl.constexpr = (HI >> 23) + 1  # biased exponent of 2**(emax + 1)
-    if MODE != 2 and KIND == 0 and MAN >= 1 and MAN <= 21 and QT >= -127 and QT - MAN >= -149 \
-            and TOPE - 127 - MAN <= 104 and TOPE <= 254:
+    if KIND == 0 and MAN >= (1 if MODE == 1 else 0) and MAN <= 21 and QT >= -127 and QT - MAN >= -149 \
+            and TOPE - 127 - MAN <= 103 and TOPE <= 254:
         mc = tl.minimum(b & MAG, TOPE << 23)
         q = tl.maximum((mc >> 23) - 127, QT) - MAN
         c = ((q + 150) << 23).to(tl.float32, bitcast=True)
-        t = _magic_round(mc.to(tl.float32, bitcast=True), c, MODE)
+        t = _magic_round(mc.to(tl.float32, bitcast=True), c, r, MODE)
         return finish(b, t.to(tl.int32, bitcast=True), HI, LO, KIND, MODE, FTZ, OVF_INF, INF_NAN)
     return quant_elem(b, QT, P2Q, HI, LO, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, QT < -127)
 
@@ -255,24 +268,25 @@ def quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND: tl.constexpr, MODE: tl.constex
                EMIN: tl.constexpr, EMAXQ: tl.constexpr, LIM: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr,
                INF_NAN: tl.constexpr):
     """``quant_elem`` in a tile whose constants ``tile_consts`` gave from its largest finite magnitude
-    ``tmax``: ``_magic_round`` for nearest and truncation where it holds (fixed-point elements of
-    at most 23 bits; float elements of 1..21 mantissa bits), the integer rule otherwise. A tile
-    whose element grid passes 2**104 works 64 binades down (``down``/``up``: exact powers of two,
-    chosen once a tile; an element that underflows there is far below half the grid and rounds
-    to zero either way), so ``c`` never overflows. Magnitudes are clamped to ``tmax`` first: only
-    Inf and NaN exceed it, and ``finish`` replaces their result."""
-    if MODE != 2 and ((KIND == 1 and LIM < 8388608) or (KIND == 0 and MAN >= 1 and MAN <= 21)):
+    ``tmax``, by ``_magic_round`` where it holds (fixed-point elements of at most 23 bits; float
+    elements of at most 21 mantissa bits, at least 1 for nearest), the integer rule otherwise. A
+    tile whose element grid passes 2**103 works 64 binades down (``down``/``up``: exact powers of
+    two, chosen once a tile; an element that underflows there is far below half the grid and
+    rounds to zero, or for stochastic rounding below 2**-32 of it, either way), so ``c`` never
+    passes 2**126. Magnitudes are clamped to
+    ``tmax`` first: only Inf and NaN exceed it, and ``finish`` replaces their result."""
+    if (KIND == 1 and LIM < 8388608) or (KIND == 0 and MAN >= (1 if MODE == 1 else 0) and MAN <= 21):
         mc = tl.minimum(b & MAG, tmax)
         if KIND == 1:
-            kt = tl.where(qt > 104, 64, 0)
+            kt = tl.where(qt > (103 if MODE == 2 else 104), 64, 0)
             c = ((tl.maximum(qt - kt, -149) + 150) << 23).to(tl.float32, bitcast=True)
         else:  # the element's own binade, at least the tile's smallest normal (``qt`` = emin + s)
-            kt = tl.where(qt - EMIN + EMAXQ > 104, 64, 0)
+            kt = tl.where(qt - EMIN + EMAXQ > (103 if MODE == 2 else 104), 64, 0)
             e = mc >> 23
             fl = tl.where(e == 0, ilog2_small((mc & 0x7FFFFF) | 1) - 149, e - 127)
             c = ((tl.maximum(tl.maximum(fl, qt) - MAN - kt, -149) + 150) << 23).to(tl.float32, bitcast=True)
         down = ((127 - kt) << 23).to(tl.float32, bitcast=True)
         up = ((127 + kt) << 23).to(tl.float32, bitcast=True)
-        t = _magic_round(mc.to(tl.float32, bitcast=True) * down, c, MODE) * up
+        t = _magic_round(mc.to(tl.float32, bitcast=True) * down, c, r, MODE) * up
         return finish(b, t.to(tl.int32, bitcast=True), hi, lo, KIND, MODE, FTZ, OVF_INF, INF_NAN)
     return quant_elem(b, qt, p2q, hi, lo, r, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
