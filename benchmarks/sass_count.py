@@ -79,8 +79,8 @@ def step_row(rows: list[dict]) -> dict:
             "kernels": "element-weighted over the step's tensors"}
 
 
-def _x(shape):
-    return torch.empty(shape, device=META)
+def _x(shape, dtype=torch.float32):
+    return torch.empty(shape, device=META, dtype=dtype)
 
 
 def _keys(fmt_rounding) -> torch.Tensor | None:
@@ -98,14 +98,15 @@ def parse_format(name: str):
     return dataclasses.replace(fmt, rounding=ROUNDINGS[rounding])
 
 
-def launches(fmt, shape, stats: bool = False) -> list:
-    """The launches ``quantize(x, fmt, backend="triton")`` makes on a tensor of ``shape``."""
+def launches(fmt, shape, stats: bool = False, dtype=torch.float32) -> list:
+    """The launches ``quantize(x, fmt, backend="triton")`` makes on a tensor of ``shape`` (``dtype``:
+    bfloat16 and float16 reach the element-rule kernels as they are, other families as float32)."""
     from bfp.formats.nvfp4 import NVFP4
     from bfp.formats.scaled import Scaled
     from bfp.kernels import nvfp4 as nv
     from bfp.kernels.triton_cuda import scaled as sc
     with _sass.captured() as calls:
-        x = _x(shape)
+        x = _x(shape, dtype if dtype in E.IO and not isinstance(fmt, (NVFP4, Scaled)) else torch.float32)
         if isinstance(fmt, NVFP4):
             nv.quantize(x, fmt, _keys(fmt.rounding), "triton")
         elif isinstance(fmt, Scaled):  # as kernels/dispatch.py's _scaled calls the fused kernels
@@ -180,17 +181,20 @@ def measure(launch, numel: int) -> dict:
     return row
 
 
-def family_row(name: str, shape, role: str = "", stats: bool = False) -> dict:
+def family_row(name: str, shape, role: str = "", stats: bool = False, dtype=torch.float32) -> dict:
     """One format on one shape: each launch's counts and their sum, against the budget at the
     bytes the launches move (8 an element, 4 more for each extra pass over the tensor)."""
     fmt = parse_format(name) if isinstance(name, str) else name
-    return _row(str(name), launches(fmt, shape, stats), math.prod(shape), shape, role, stats)
+    calls = launches(fmt, shape, stats, dtype)
+    es = calls[-1].args[0].element_size() if calls else 4
+    return _row(str(name) + ("" if es == 4 else f" ({str(dtype)[6:]})"), calls, math.prod(shape), shape, role,
+                stats, es)
 
 
-def _row(name: str, calls: list, numel: int, shape, role: str = "", stats: bool = False) -> dict:
+def _row(name: str, calls: list, numel: int, shape, role: str = "", stats: bool = False, es: int = 4) -> dict:
     parts = [measure(la, numel) for la in calls]
     total = {k: round(sum(p[k] for p in parts), 1) for k in ("all", *_sass.PIPES, "slow", "cond")}
-    nbytes = 8 + 4 * (len(parts) - 1)
+    nbytes = 2 * es + 4 * (len(parts) - 1)
     return {"format": name, "shape": list(shape), "role": role, "stats": stats, "bytes": nbytes,
             "kernels": " + ".join(p["kernel"] for p in parts), "launches": parts, **total,
             **_sass.pressure(total, nbytes)}
@@ -252,6 +256,7 @@ def main(argv=None) -> int:
         mine = [dict(family_row(n, s, role), count=k) for role, s, k in shapes]
         rows += mine + ([step_row([r for r in mine if r["count"]])] if args.shapes == "resnet18" else [])
     rows += [family_row("fb16", SHAPE, stats=True)]
+    rows += [family_row(n, SHAPE, dtype=torch.bfloat16) for n in ("float8_e4m3fn", "mxfp8_e4m3", "fb16")]
     rows += [_row(label, calls, numel, SHAPE) for label, calls, numel in other_launches(SHAPE)]
     print(f"triton {triton.__version__}, sm_90 as a launch compiles it; executed thread-instructions per element "
           f"by pipe; budget {_sass.issue_slots(8):.0f} issue slots (ALU/IMAD {_sass.issue_slots(8) / 2:.0f}) at 8 "

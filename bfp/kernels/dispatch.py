@@ -280,8 +280,8 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
         counts = torch.zeros(2, dtype=torch.int64, device=x.device) if stats else None
         return torch.empty_like(x), counts
     x32 = x.detach()
-    if x32.dtype != torch.float32:
-        x32 = x32.float()  # a copy unless x is float32 already
+    if x32.dtype != torch.float32 and not (backend == "triton" and x32.dtype in (torch.bfloat16, torch.float16)):
+        x32 = x32.float()  # a copy unless x is float32 already (Triton loads and stores bf16/fp16 itself)
     x32 = x32.contiguous()
     if x32.numel() == 0:
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)

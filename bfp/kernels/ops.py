@@ -54,8 +54,10 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
     r, t = rule if isinstance(rule, Rule) else Rule(*rule), (None if tile is None else tuple(tile))
     canon = _canonical(tuple(x.shape), t)
     if backend == "reference" or (t is not None and canon is None):
-        out = quantize_reference(x, r, t, key_ints(keys))
-        return out, (_counts_torch(x.view(torch.int32), out.view(torch.int32)) if stats else None)
+        x32 = x.float()  # the Triton backend hands over bfloat16/float16 as they are
+        out = quantize_reference(x32, r, t, key_ints(keys))
+        counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
+        return out.to(x.dtype), counts
     shape4, tile4 = canon if canon is not None else (None, None)
     out = torch.empty_like(x)
     if backend == "cpu":

@@ -61,3 +61,25 @@ def test_float_rounding_equals_the_reference_bit_for_bit_over_the_whole_float32_
                              f"{x[tuple(bad[0])].item()!r} -> {got.cpu()[tuple(bad[0])].item()!r}, " \
                              f"reference {want[tuple(bad[0])].item()!r}"
         assert torch.equal(wc, gc.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float16", "bfloat16", "mxfp8_e4m3", "fb16", "fb12:nearest",
+                                  "float8_e5m2:stochastic", "mxint8", "float4_e2m1fn"])
+def test_bfloat16_and_float16_tensors_are_loaded_and_stored_as_they_are_with_the_references_bits(name, dtype):
+    """The Triton kernels read bfloat16/float16 and write the result in that dtype (no float32 copy
+    either side): the bits of the reference's float32 result converted with ``Tensor.to``, and its
+    counts; a NaN compared as a NaN (a GPU writes the canonical NaN)."""
+    base, _, rounding = name.partition(":")
+    fmt = format_from_name(base)
+    if rounding:
+        fmt = dataclasses.replace(fmt, rounding=rounding)
+    x = _bits((6, 8, 64), seed=5).clamp(-6e4, 6e4).to(dtype)  # finite in both dtypes, subnormals kept
+    x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    want, wc = quantize_stats(x, fmt, backend="reference", generator=torch.Generator().manual_seed(3))
+    got, gc = quantize_stats(x.to(DEVICE), fmt, backend="triton", generator=torch.Generator().manual_seed(3))
+    got = got.cpu()
+    assert got.dtype == dtype == want.dtype
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert same.all(), f"{int((~same).sum())} elements differ"
+    assert torch.equal(wc, gc.cpu())

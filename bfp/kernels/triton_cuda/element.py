@@ -33,6 +33,34 @@ CHUNK = 1024          # _big_tiles' sweep
 
 
 @triton.jit
+def _load_bits(ptr, msk, IO: tl.constexpr):
+    """float32 bits (int32) of the elements at ``ptr``: float32 (``IO`` 0), bfloat16 (1: its 16
+    bits are float32's top half) or float16 (2: widened, exact) in memory."""
+    if IO == 1:
+        b = tl.load(ptr, mask=msk, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) << 16
+    elif IO == 2:
+        b = tl.load(ptr, mask=msk, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+    else:
+        b = tl.load(ptr, mask=msk, other=0.0).to(tl.int32, bitcast=True)
+    return b
+
+
+@triton.jit
+def _store_bits(ptr, o, msk, IO: tl.constexpr):
+    """Store float32 bits ``o`` as ``IO``'s dtype, rounded to nearest even as ``Tensor.to`` rounds
+    (bfloat16 by integer arithmetic on the bits, a NaN as torch's 0x7FC0; float16 by the
+    conversion, IEEE round-to-nearest-even in the interpreter's NumPy and on a GPU)."""
+    if IO == 1:
+        rne = (o + 0x7FFF + ((o >> 16) & 1)) >> 16
+        top = tl.where((o & MAG) > EXP_INF, 0x7FC0, rne)
+        tl.store(ptr, top.to(tl.int16).to(tl.bfloat16, bitcast=True), mask=msk)
+    elif IO == 2:
+        tl.store(ptr, o.to(tl.float32, bitcast=True).to(tl.float16), mask=msk)
+    else:
+        tl.store(ptr, o.to(tl.float32, bitcast=True), mask=msk)
+
+
+@triton.jit
 def _keys(keys_ptr):
     return tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32)
 
@@ -48,20 +76,20 @@ def _counts(part_ptr, pid, b, o, msk):
 def _elementwise(x_ptr, o_ptr, keys_ptr, part_ptr, n, QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr,
                  LO: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr,
                  OVF_INF: tl.constexpr, INF_NAN: tl.constexpr, STATS: tl.constexpr, BLOCK: tl.constexpr,
-                 IDX64: tl.constexpr):
+                 IDX64: tl.constexpr, IO: tl.constexpr = 0):
     pid = tl.program_id(0)
     if IDX64:
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
     msk = offs < n
-    b = tl.load(x_ptr + offs, mask=msk, other=0.0).to(tl.int32, bitcast=True)
+    b = _load_bits(x_ptr + offs, msk, IO)
     r = tl.zeros(b.shape, tl.uint32)
     if MODE == 2:
         k0, k1 = _keys(keys_ptr)
         r = rand32(k0, k1, offs, IDX64)
     o = quant_const(b, r, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
-    tl.store(o_ptr + offs, o.to(tl.float32, bitcast=True), mask=msk)
+    _store_bits(o_ptr + offs, o, msk, IO)
     if STATS:
         _counts(part_ptr, pid, b, o, msk)
 
@@ -110,7 +138,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
            QOFF: tl.constexpr, LIM: tl.constexpr, PLIM: tl.constexpr, EMIN: tl.constexpr, MAN: tl.constexpr,
            MAXKEPT: tl.constexpr, PMAXKEPT: tl.constexpr, EMAXQ: tl.constexpr, TOP: tl.constexpr,
            MB: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
-           STATS: tl.constexpr, IDX64: tl.constexpr, RUNS: tl.constexpr):
+           STATS: tl.constexpr, IDX64: tl.constexpr, RUNS: tl.constexpr, IO: tl.constexpr = 0):
     pid = tl.program_id(0)
     first = pid * TPP
     if IDX64:
@@ -118,7 +146,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
     j = tl.arange(0, TPP)[:, None]
     s = tl.arange(0, PT)[None, :]
     off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
-    b = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True)
+    b = _load_bits(x_ptr + off, msk, IO)
     m = b & MAG
     tmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True)
     qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
@@ -128,7 +156,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
         k0, k1 = _keys(keys_ptr)
         r = rand32(k0, k1, off, IDX64)
     o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
-    tl.store(o_ptr + off, o.to(tl.float32, bitcast=True), mask=msk)
+    _store_bits(o_ptr + off, o, msk, IO)
     if STATS:
         _counts(part_ptr, pid, b, o, msk)
 
@@ -140,7 +168,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
                QOFF: tl.constexpr, LIM: tl.constexpr, PLIM: tl.constexpr, EMIN: tl.constexpr, MAN: tl.constexpr,
                MAXKEPT: tl.constexpr, PMAXKEPT: tl.constexpr, EMAXQ: tl.constexpr, TOP: tl.constexpr,
                MB: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
-               STATS: tl.constexpr, IDX64: tl.constexpr, RUNS: tl.constexpr):
+               STATS: tl.constexpr, IDX64: tl.constexpr, RUNS: tl.constexpr, IO: tl.constexpr = 0):
     pid = tl.program_id(0)
     first = pid
     if IDX64:
@@ -150,7 +178,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
     for c in range(0, SIZE, CH):
         s = c + tl.arange(0, CH)[None, :]
         off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
-        m = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True) & MAG
+        m = _load_bits(x_ptr + off, msk, IO) & MAG
         tmax = tl.maximum(tmax, tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True))
     qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
                                   EMAXQ, TOP, MB)
@@ -161,12 +189,12 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
     for c in range(0, SIZE, CH):
         s = c + tl.arange(0, CH)[None, :]
         off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
-        b = tl.load(x_ptr + off, mask=msk, other=0.0).to(tl.int32, bitcast=True)
+        b = _load_bits(x_ptr + off, msk, IO)
         r = tl.zeros(b.shape, tl.uint32)
         if MODE == 2:
             r = rand32(k0, k1, off, IDX64)
         o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
-        tl.store(o_ptr + off, o.to(tl.float32, bitcast=True), mask=msk)
+        _store_bits(o_ptr + off, o, msk, IO)
         if STATS:
             a = msk & ((b & MAG) != 0)
             nz += a.to(tl.int32)
@@ -224,25 +252,30 @@ def tile_config(shape4, tile4) -> dict:
     return dict(out, TPP=tpp, warps=4 if runs else 1, consts=dict(consts, PT=pt, TPP=tpp))
 
 
+IO = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the dtypes the kernels load and store
+
+
 @functools.lru_cache(maxsize=1024)
-def _plan(rule, n: int, shape4, tile4, stats: bool) -> tuple:
+def _plan(rule, n: int, shape4, tile4, stats: bool, io: int = 0) -> tuple:
     """(kernel, grid, extra positional arguments, keyword arguments) of one launch, by its key:
     everything but the tensors, computed once for a rule and shape (a training step repeats them)."""
     idx64 = n + 2 * ELEMS >= 2 ** 31  # flat offsets past int32 (with a block's overhang): int64 indices
     if shape4 is None:
         return _elementwise, (_cdiv(n, ELEMS),), (n,), dict(**rule_kwargs(rule), STATS=stats, BLOCK=ELEMS,
-                                                             IDX64=idx64, enable_fp_fusion=False)
+                                                             IDX64=idx64, IO=io, enable_fp_fusion=False)
     cfg = tile_config(shape4, tile4)
     return (_big_tiles if cfg["big"] else _tiles), (_cdiv(cfg["n_tiles"], cfg["TPP"]),), \
         (*shape4, *cfg["counts"], cfg["n_tiles"]), dict(**cfg["consts"], **_rule_consts(rule), STATS=stats,
-                                                        IDX64=idx64, num_warps=cfg["warps"], enable_fp_fusion=False)
+                                                        IDX64=idx64, IO=io, num_warps=cfg["warps"],
+                                                        enable_fp_fusion=False)
 
 
 def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
-    """Quantize contiguous float32 ``x32`` into ``out`` (both on one device; a CPU tensor only under
-    ``TRITON_INTERPRET=1``); ``keys``: an int64 tensor of the two stochastic keys on that device (or
-    None unless stochastic). Returns the int64 counts ``[nonzero_in, zeroed]`` or None."""
-    key = (rule, x32.numel(), shape4, tile4, stats)
+    """Quantize contiguous ``x32`` into ``out`` of its dtype (float32, bfloat16 or float16: loaded
+    and stored as such, the rule on float32 bits in registers; both on one device, a CPU tensor
+    only under ``TRITON_INTERPRET=1``); ``keys``: an int64 tensor of the two stochastic keys on that
+    device (or None unless stochastic). Returns the int64 counts ``[nonzero_in, zeroed]`` or None."""
+    key = (rule, x32.numel(), shape4, tile4, stats, IO[x32.dtype])
     kernel, grid, extra, kw = _plan(*key)
     part = x32.new_empty((grid[0], 2), dtype=_INT64) if stats else x32
     launcher.run(kernel, grid, (x32, out, x32 if keys is None else keys, part), extra, kw, key)  # keys: read if stochastic
