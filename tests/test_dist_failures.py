@@ -49,9 +49,9 @@ def test_an_unresolvable_rank_0_host_is_named_at_once():
     assert "Traceback" not in p.stderr and "frame #" not in p.stderr and "waiting" not in p.stderr
 
 
-def _peer_fails(sig) -> tuple[int, str, float]:
+def _peer_fails(sig, *flags) -> tuple[int, str, float]:
     port = _free_port()
-    ps = [_rank(r, port, "--training-epochs", "40", "--dist-timeout", "10") for r in (0, 1)]
+    ps = [_rank(r, port, "--training-epochs", "40", "--dist-timeout", "10", *flags) for r in (0, 1)]
     try:
         lines = []
         for line in ps[0].stdout:  # rank 0 prints; wait until training runs
@@ -75,6 +75,17 @@ def test_a_killed_peer_ends_the_other_rank_with_a_clear_message():
     assert rc == 4, out
     assert "cifar.py: error: rank 0 of 2: a collective failed" in out and "--resume" in out
     assert "Traceback" not in out
+
+
+def test_a_killed_or_frozen_peer_ends_an_fsdp_run_too_without_resume_advice():
+    """FSDP's collectives (all-gather, the rounded reduce-scatter) fail as DDP's do; an --fsdp run
+    saves no checkpoints yet, so the message does not point at --resume."""
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        rc, out, waited = _peer_fails(sig, "--fsdp", "--grad-format", "float8_e4m3fn", "--save", "False")
+        assert rc == 4, out
+        assert "cifar.py: error: rank 0 of 2: a collective failed" in out, out
+        assert "An --fsdp run saves no checkpoints yet" in out and "--resume" not in out.split("a collective")[-1]
+        assert "Traceback" not in out and waited < 120
 
 
 def test_a_frozen_peer_ends_the_other_rank_after_the_timeout():

@@ -37,9 +37,10 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACC
 PEER_FAILURE = re.compile(r"gloo|nccl|c10d|timed out|timeout|connection|by peer|pair closure|socket", re.I)
 
 
-def peer_failure(e: BaseException) -> Optional[str]:
+def peer_failure(e: BaseException, resumable: bool = True) -> Optional[str]:
     """The message for a collective that failed because another process died, froze or became
-    unreachable (gloo/NCCL errors, --dist-timeout expiring); None for any other error."""
+    unreachable (gloo/NCCL errors, --dist-timeout expiring); None for any other error.
+    ``resumable`` False (an --fsdp run, which saves no checkpoints yet): no --resume advice."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -49,8 +50,9 @@ def peer_failure(e: BaseException) -> Optional[str]:
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     return (f"rank {dist.get_rank()} of {dist.get_world_size()}: a collective failed ({first[:300]}). Another "
             f"process died, was stopped or cannot be reached, or waited longer than --dist-timeout; every rank "
-            f"stops. Checkpoints of finished epochs are kept: continue with --resume <run directory> and the "
-            f"same number of processes")
+            f"stops. " + ("Checkpoints of finished epochs are kept: continue with --resume <run directory> and the "
+                          "same number of processes" if resumable else
+                          "An --fsdp run saves no checkpoints yet: start it again"))
 
 
 def in_flags(task, e: BaseException) -> str:
@@ -65,6 +67,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
     task = get_task(task_name)
     prog = prog or task.prog
     argv = list(sys.argv[1:] if argv is None else argv)
+    spec = None
     try:
         spec = build_spec(task, argv)  # flags, -tc and --resume merged, checked and frozen
         try:  # e.g. imagenet.py's distributed flags: set the environment or spawn workers
@@ -93,7 +96,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)
         return 3
     except RuntimeError as e:
-        failed = peer_failure(e)
+        failed = peer_failure(e, resumable=not getattr(getattr(spec, "args", None), "fsdp", False))
         if failed is None:
             raise
         print(f"{prog}: error: {failed}", file=sys.stderr, flush=True)
