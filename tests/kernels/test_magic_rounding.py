@@ -83,3 +83,26 @@ def test_bfloat16_and_float16_tensors_are_loaded_and_stored_as_they_are_with_the
     same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
     assert same.all(), f"{int((~same).sum())} elements differ"
     assert torch.equal(wc, gc.cpu())
+
+
+@pytest.mark.parametrize("name", ["fb12", "fb16", "fb24", "fb16:nearest", "fb16:stochastic"])
+@pytest.mark.parametrize("shape", [(3, 20, 8, 8), (2, 13, 7, 10), (1, 12, 32, 32), (2, 30, 4, 4)], ids=str)
+def test_strided_tiles_by_bands_equal_the_reference(name, shape):
+    """BlockFloat's channel x 3x3 tiles over NCHW maps whose width the tiles cut (``bands.py``): ragged
+    channel groups, tile rows and columns, every rounding, with counts; float32 and bfloat16."""
+    base, _, rounding = name.partition(":")
+    fmt = format_from_name(base)
+    if rounding:
+        fmt = dataclasses.replace(fmt, rounding=rounding)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(shape, generator=torch.Generator().manual_seed(7))
+             * torch.exp2(torch.randint(-20, 20, shape, generator=torch.Generator().manual_seed(8)).float()))
+        x.view(-1)[::97] = float("nan")
+        x = x.to(dtype)
+        want, wc = quantize_stats(x, fmt, backend="reference", generator=torch.Generator().manual_seed(3))
+        got, gc = quantize_stats(x.to(DEVICE), fmt, backend="triton", generator=torch.Generator().manual_seed(3))
+        got = got.cpu()
+        view = torch.int32 if dtype == torch.float32 else torch.int16
+        same = (got.view(view) == want.view(view)) | (got.isnan() & want.isnan())
+        assert same.all(), f"{dtype}: {int((~same).sum())} elements differ"
+        assert torch.equal(wc, gc.cpu())

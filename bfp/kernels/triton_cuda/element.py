@@ -30,6 +30,7 @@ _INT64 = torch.int64
 MAX_SLOTS = 2048      # a tile of at most this many slots fits one program with others
 ELEMS = 2048          # elements a program handles (element-wise, and tiles x slots)
 CHUNK = 1024          # _big_tiles' sweep
+BANDS = True          # strided tiles by bands (bands.py) where a band fits a program
 
 
 @triton.jit
@@ -233,14 +234,20 @@ def rule_kwargs(rule) -> dict:
 
 def tile_config(shape4, tile4) -> dict:
     """How a tiled launch covers ``shape4`` with ``tile4``: the tile counts, whether the big-tile
-    kernel runs, tiles a program (``TPP``) and the kernel's tile constants."""
+    kernel runs or the band kernel (``bands.py``: tiles ``(1, G1, G2, G3)`` that cut the last axis,
+    when a band of ``G1`` channels x ``G2`` rows fits a program), tiles a program (``TPP``) and the
+    kernel's tile constants."""
     (D0, D1, D2, D3), (G0, G1, G2, G3) = shape4, tile4
     n1, n2, n3 = -(-D1 // G1), -(-D2 // G2), -(-D3 // G3)
     size = G0 * G1 * G2 * G3
     runs = 1 if G0 == G1 == G2 == 1 and D3 % G3 == 0 else 2 if G0 == G1 == 1 and G3 == D3 else 0
     pt = _pow2_at_least(size)
     consts = dict(G0=G0, G1=G1, G2=G2, G3=G3, RUNS=runs)
-    out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS)
+    out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS, bands=False)
+    pg, pb = _pow2_at_least(G1), _pow2_at_least(G2 * D3)
+    if BANDS and runs == 0 and G0 == 1 and 1 < n3 and pg * pb <= ELEMS:
+        return dict(out, bands=True, programs=D0 * n1 * n2, warps=1,
+                    consts=dict(G1=G1, G2=G2, G3=G3, PG=pg, PB=pb, NT=_pow2_at_least(n3)))
     if out["big"]:  # one program a tile, swept in chunks
         return dict(out, TPP=1, warps=4, consts=dict(consts, SIZE=size, CH=CHUNK))
     # Strided tiles: every thread holds a share of every tile row of its program and computes that
@@ -264,10 +271,15 @@ def _plan(rule, n: int, shape4, tile4, stats: bool, io: int = 0) -> tuple:
         return _elementwise, (_cdiv(n, ELEMS),), (n,), dict(**rule_kwargs(rule), STATS=stats, BLOCK=ELEMS,
                                                              IDX64=idx64, IO=io, enable_fp_fusion=False)
     cfg = tile_config(shape4, tile4)
+    kw = dict(**cfg["consts"], **_rule_consts(rule), STATS=stats, IDX64=idx64, IO=io, num_warps=cfg["warps"],
+              enable_fp_fusion=False)
+    if cfg["bands"]:
+        from .bands import _bands
+        return _bands, (cfg["programs"],), (shape4[0],), dict(kw, D1=shape4[1], D2=shape4[2], D3=shape4[3],
+                                                             n1=cfg["counts"][0], n2=cfg["counts"][1],
+                                                             n3=cfg["counts"][2])
     return (_big_tiles if cfg["big"] else _tiles), (_cdiv(cfg["n_tiles"], cfg["TPP"]),), \
-        (*shape4, *cfg["counts"], cfg["n_tiles"]), dict(**cfg["consts"], **_rule_consts(rule), STATS=stats,
-                                                        IDX64=idx64, IO=io, num_warps=cfg["warps"],
-                                                        enable_fp_fusion=False)
+        (*shape4, *cfg["counts"], cfg["n_tiles"]), kw
 
 
 def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
