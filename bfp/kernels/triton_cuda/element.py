@@ -6,6 +6,8 @@
   ``TPP`` whole tiles; a tile's ``G0*G1*G2*G3`` elements are enumerated as ``PT`` slots (the next
   power of two), so each tile's largest finite magnitude is one ``tl.max(axis=1)`` in registers
   and its constants are computed once per tile row, then broadcast.
+* ``bands.py``'s ``_bands``: tiles ``(1, G1, G2, G3)`` that cut the last axis (BlockFloat over NCHW
+  maps), a program a band of ``G1`` channels x ``G2`` rows, where a band is 256 to ``ELEMS`` slots.
 * ``_big_tiles``: a tile of more than ``MAX_SLOTS`` elements (a row of thousands, a whole tensor):
   one program a tile, which sweeps it twice in chunks (its maximum, then the rule): still one launch.
 
@@ -245,7 +247,7 @@ def tile_config(shape4, tile4) -> dict:
     consts = dict(G0=G0, G1=G1, G2=G2, G3=G3, RUNS=runs)
     out = dict(n_tiles=-(-D0 // G0) * n1 * n2 * n3, counts=(n1, n2, n3), big=pt > MAX_SLOTS, bands=False)
     pg, pb = _pow2_at_least(G1), _pow2_at_least(G2 * D3)
-    if BANDS and runs == 0 and G0 == 1 and 1 < n3 and pg * pb <= ELEMS:
+    if BANDS and runs == 0 and G0 == 1 and 1 < n3 and 256 <= pg * pb <= ELEMS:  # smaller bands: _tiles is cheaper
         return dict(out, bands=True, programs=D0 * n1 * n2, warps=1,
                     consts=dict(G1=G1, G2=G2, G3=G3, PG=pg, PB=pb, NT=_pow2_at_least(n3)))
     if out["big"]:  # one program a tile, swept in chunks
