@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .element import _counts, _keys, _load_bits, _store_bits
+from .lanes import _counts, _keys, _load_bits, _store_bits
 from .rule import EXP_INF, MAG, quant_tile, rand32, tile_consts
 
 

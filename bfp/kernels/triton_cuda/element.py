@@ -26,6 +26,8 @@ import triton.language as tl
 
 from ..scalar import _tile_consts, ilog2 as py_ilog2
 from . import launcher
+from .bands import _bands
+from .lanes import _counts, _keys, _load_bits, _store_bits
 from .rule import MAG, EXP_INF, quant_const, quant_tile, rand32, tile_consts
 
 _INT64 = torch.int64
@@ -33,46 +35,6 @@ MAX_SLOTS = 2048      # a tile of at most this many slots fits one program with 
 ELEMS = 2048          # elements a program handles (element-wise, and tiles x slots)
 CHUNK = 1024          # _big_tiles' sweep
 BANDS = True          # strided tiles by bands (bands.py) where a band fits a program
-
-
-@triton.jit
-def _load_bits(ptr, msk, IO: tl.constexpr):
-    """float32 bits (int32) of the elements at ``ptr``: float32 (``IO`` 0), bfloat16 (1: its 16
-    bits are float32's top half) or float16 (2: widened, exact) in memory."""
-    if IO == 1:
-        b = tl.load(ptr, mask=msk, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) << 16
-    elif IO == 2:
-        b = tl.load(ptr, mask=msk, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
-    else:
-        b = tl.load(ptr, mask=msk, other=0.0).to(tl.int32, bitcast=True)
-    return b
-
-
-@triton.jit
-def _store_bits(ptr, o, msk, IO: tl.constexpr):
-    """Store float32 bits ``o`` as ``IO``'s dtype, rounded to nearest even as ``Tensor.to`` rounds
-    (bfloat16 by integer arithmetic on the bits, a NaN as torch's 0x7FC0; float16 by the
-    conversion, IEEE round-to-nearest-even in the interpreter's NumPy and on a GPU)."""
-    if IO == 1:
-        rne = (o + 0x7FFF + ((o >> 16) & 1)) >> 16
-        top = tl.where((o & MAG) > EXP_INF, 0x7FC0, rne)
-        tl.store(ptr, top.to(tl.int16).to(tl.bfloat16, bitcast=True), mask=msk)
-    elif IO == 2:
-        tl.store(ptr, o.to(tl.float32, bitcast=True).to(tl.float16), mask=msk)
-    else:
-        tl.store(ptr, o.to(tl.float32, bitcast=True), mask=msk)
-
-
-@triton.jit
-def _keys(keys_ptr):
-    return tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32)
-
-
-@triton.jit
-def _counts(part_ptr, pid, b, o, msk):
-    nz = msk & ((b & MAG) != 0)
-    tl.store(part_ptr + 2 * pid, tl.sum(nz.to(tl.int32)).to(tl.int64))
-    tl.store(part_ptr + 2 * pid + 1, tl.sum((nz & ((o & MAG) == 0)).to(tl.int32)).to(tl.int64))
 
 
 @triton.jit
@@ -276,7 +238,6 @@ def _plan(rule, n: int, shape4, tile4, stats: bool, io: int = 0) -> tuple:
     kw = dict(**cfg["consts"], **_rule_consts(rule), STATS=stats, IDX64=idx64, IO=io, num_warps=cfg["warps"],
               enable_fp_fusion=False)
     if cfg["bands"]:
-        from .bands import _bands
         return _bands, (cfg["programs"],), (shape4[0],), dict(kw, D1=shape4[1], D2=shape4[2], D3=shape4[3],
                                                              n1=cfg["counts"][0], n2=cfg["counts"][1],
                                                              n3=cfg["counts"][2])

@@ -1,0 +1,48 @@
+"""What every element-rule kernel shares: loading a tensor's elements as float32 bits, storing the
+rounded bits in the tensor's dtype, the stochastic keys and the per-program counts."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .rule import EXP_INF, MAG
+
+
+@triton.jit
+def _load_bits(ptr, msk, IO: tl.constexpr):
+    """float32 bits (int32) of the elements at ``ptr``: float32 (``IO`` 0), bfloat16 (1: its 16
+    bits are float32's top half) or float16 (2: widened, exact) in memory."""
+    if IO == 1:
+        b = tl.load(ptr, mask=msk, other=0.0).to(tl.int16, bitcast=True).to(tl.int32) << 16
+    elif IO == 2:
+        b = tl.load(ptr, mask=msk, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+    else:
+        b = tl.load(ptr, mask=msk, other=0.0).to(tl.int32, bitcast=True)
+    return b
+
+
+@triton.jit
+def _store_bits(ptr, o, msk, IO: tl.constexpr):
+    """Store float32 bits ``o`` as ``IO``'s dtype, rounded to nearest even as ``Tensor.to`` rounds
+    (bfloat16 by integer arithmetic on the bits, a NaN as torch's 0x7FC0; float16 by the
+    conversion, IEEE round-to-nearest-even in the interpreter's NumPy and on a GPU)."""
+    if IO == 1:
+        rne = (o + 0x7FFF + ((o >> 16) & 1)) >> 16
+        top = tl.where((o & MAG) > EXP_INF, 0x7FC0, rne)
+        tl.store(ptr, top.to(tl.int16).to(tl.bfloat16, bitcast=True), mask=msk)
+    elif IO == 2:
+        tl.store(ptr, o.to(tl.float32, bitcast=True).to(tl.float16), mask=msk)
+    else:
+        tl.store(ptr, o.to(tl.float32, bitcast=True), mask=msk)
+
+
+@triton.jit
+def _keys(keys_ptr):
+    return tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32)
+
+
+@triton.jit
+def _counts(part_ptr, pid, b, o, msk):
+    nz = msk & ((b & MAG) != 0)
+    tl.store(part_ptr + 2 * pid, tl.sum(nz.to(tl.int32)).to(tl.int64))
+    tl.store(part_ptr + 2 * pid + 1, tl.sum((nz & ((o & MAG) == 0)).to(tl.int32)).to(tl.int64))
