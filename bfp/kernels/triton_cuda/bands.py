@@ -19,8 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .lanes import _counts, _keys, _load_bits, _store_bits
-from .rule import EXP_INF, MAG, quant_tile, rand32, tile_consts
+from .lanes import _load_bits, round_tiles
+from .rule import EXP_INF, MAG
 
 
 @triton.jit
@@ -50,13 +50,5 @@ def _bands(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
     own = (tl.arange(0, NT)[:, None] == (p % D3) // G3)  # [NT, PB]: tile t owns position p
     tmax_t = tl.max(tl.where(own, cmax, 0), axis=1, keep_dims=True)  # [NT, 1]
     tmax = tl.max(tl.where(own, tmax_t, 0), axis=0, keep_dims=True)  # [1, PB]: each position's tile's
-    qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
-                                  EMAXQ, TOP, MB)
-    r = tl.zeros(b.shape, tl.uint32)
-    if MODE == 2:
-        k0, k1 = _keys(keys_ptr)
-        r = rand32(k0, k1, off, IDX64)
-    o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
-    _store_bits(o_ptr + off, o, msk, IO)
-    if STATS:
-        _counts(part_ptr, pid, b, o, msk)
+    round_tiles(o_ptr, keys_ptr, part_ptr, pid, b, tmax, off, msk, KIND, MODE, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
+                EMAXQ, TOP, MB, FTZ, OVF_INF, INF_NAN, STATS, IDX64, IO)

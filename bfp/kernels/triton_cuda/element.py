@@ -27,7 +27,7 @@ import triton.language as tl
 from ..scalar import _tile_consts, ilog2 as py_ilog2
 from . import launcher
 from .bands import _bands
-from .lanes import _counts, _keys, _load_bits, _store_bits
+from .lanes import _counts, _keys, _load_bits, _store_bits, round_tiles
 from .rule import MAG, EXP_INF, quant_const, quant_tile, rand32, tile_consts
 
 _INT64 = torch.int64
@@ -114,16 +114,8 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
     b = _load_bits(x_ptr + off, msk, IO)
     m = b & MAG
     tmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True)
-    qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
-                                  EMAXQ, TOP, MB)
-    r = tl.zeros(b.shape, tl.uint32)
-    if MODE == 2:
-        k0, k1 = _keys(keys_ptr)
-        r = rand32(k0, k1, off, IDX64)
-    o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
-    _store_bits(o_ptr + off, o, msk, IO)
-    if STATS:
-        _counts(part_ptr, pid, b, o, msk)
+    round_tiles(o_ptr, keys_ptr, part_ptr, pid, b, tmax, off, msk, KIND, MODE, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
+                EMAXQ, TOP, MB, FTZ, OVF_INF, INF_NAN, STATS, IDX64, IO)
 
 
 @triton.jit

@@ -1,11 +1,12 @@
 """What every element-rule kernel shares: loading a tensor's elements as float32 bits, storing the
-rounded bits in the tensor's dtype, the stochastic keys and the per-program counts."""
+rounded bits in the tensor's dtype, the stochastic keys, the per-program counts, and a block of
+tiles rounded from their maxima (``round_tiles``)."""
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .rule import EXP_INF, MAG
+from .rule import EXP_INF, MAG, quant_tile, rand32, tile_consts
 
 
 @triton.jit
@@ -46,3 +47,23 @@ def _counts(part_ptr, pid, b, o, msk):
     nz = msk & ((b & MAG) != 0)
     tl.store(part_ptr + 2 * pid, tl.sum(nz.to(tl.int32)).to(tl.int64))
     tl.store(part_ptr + 2 * pid + 1, tl.sum((nz & ((o & MAG) == 0)).to(tl.int32)).to(tl.int64))
+
+
+@triton.jit
+def round_tiles(o_ptr, keys_ptr, part_ptr, pid, b, tmax, off, msk, KIND: tl.constexpr, MODE: tl.constexpr,
+                SCALE: tl.constexpr, SOFF: tl.constexpr, QOFF: tl.constexpr, LIM: tl.constexpr, PLIM: tl.constexpr,
+                EMIN: tl.constexpr, MAN: tl.constexpr, MAXKEPT: tl.constexpr, PMAXKEPT: tl.constexpr,
+                EMAXQ: tl.constexpr, TOP: tl.constexpr, MB: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr,
+                INF_NAN: tl.constexpr, STATS: tl.constexpr, IDX64: tl.constexpr, IO: tl.constexpr):
+    """Round the float32 bits ``b`` at flat offsets ``off`` whose tile maxima are ``tmax`` (broadcast
+    to ``b``), store them and, with ``STATS``, the program's counts."""
+    qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
+                                  EMAXQ, TOP, MB)
+    r = tl.zeros(b.shape, tl.uint32)
+    if MODE == 2:
+        k0, k1 = _keys(keys_ptr)
+        r = rand32(k0, k1, off, IDX64)
+    o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
+    _store_bits(o_ptr + off, o, msk, IO)
+    if STATS:
+        _counts(part_ptr, pid, b, o, msk)

@@ -16,7 +16,6 @@ a launch hook is set (a profiler's).
 """
 from __future__ import annotations
 
-import torch
 from triton import knobs
 from triton.runtime.driver import driver
 
