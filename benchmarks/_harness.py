@@ -116,6 +116,19 @@ def print_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]
         print(line(r))
 
 
+def count_args(doc: str, argv, flag: str, default: int):
+    """The ``--json`` and one positive count flag (``--reps``, ``--rounds``) of a host-time benchmark,
+    parsed and checked (``check_args``); one intra-op thread for the timings."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument(flag, type=int, default=default)
+    args = ap.parse_args(argv)
+    check_args(ap, at_least={flag: (getattr(args, flag[2:]), 1)}, json_path=args.json)
+    torch.set_num_threads(1)
+    return args
+
+
 def check_args(ap, *, at_least: Mapping[str, tuple[Any, int]] = {}, json_path: Optional[str] = None) -> None:
     """Refuse bad command-line values before any work, as argparse does (``ap.error``: exit 2, the flag
     and the allowed range named, no traceback): each ``at_least`` entry is ``flag: (value, minimum)``

@@ -8,7 +8,6 @@ Timed in alternating rounds (``_harness.alternate``), medians of microseconds a 
 check to the whole call is what matters (the machine is shared)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -20,16 +19,11 @@ import bfp  # noqa: E402
 from bfp.kernels import op_args  # noqa: E402
 from bfp.kernels.arrays import as_numpy  # noqa: E402
 
-from _harness import alternate, check_args, emit_json, machine, print_table  # noqa: E402
+from _harness import alternate, count_args, emit_json, machine, print_table  # noqa: E402
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", help="write the rows here too")
-    p.add_argument("--rounds", type=int, default=15)
-    args = p.parse_args(argv)
-    check_args(p, at_least={"--rounds": (args.rounds, 1)}, json_path=args.json)
-    torch.set_num_threads(1)
+    args = count_args(__doc__, argv, "--rounds", 15)
     x = torch.randn(64, 64, 3, 3)
     reps = 2000
 

@@ -19,7 +19,6 @@ Columns, per format on a 64x64x3x3 float32 tensor, each the median of 7 rounds i
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -30,7 +29,7 @@ import torch  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 
-from _harness import check_args, emit_json, host_us, machine  # noqa: E402
+from _harness import count_args, emit_json, host_us, machine  # noqa: E402
 
 FORMATS = ("fb16", "fb12", "float8_e4m3fn", "mxfp8_e4m3", "bfloat16", "nvfp4")
 SHAPE = (64, 64, 3, 3)
@@ -72,12 +71,7 @@ class _FakeDriver:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", help="write the rows here too")
-    p.add_argument("--reps", type=int, default=2000)
-    args = p.parse_args(argv)
-    check_args(p, at_least={"--reps": (args.reps, 1)}, json_path=args.json)
-    torch.set_num_threads(1)
+    args = count_args(__doc__, argv, "--reps", 2000)
     driver.set_active(_FakeDriver())
     import bfp
     import bfp.kernels.triton_cuda as tc

@@ -233,7 +233,7 @@ def _magic_round(a, c, r, MODE: tl.constexpr):
     t = (a + c) - c
     if MODE == 0:
         t = tl.where(t > a, t - c * 1.1920928955078125e-07, t)
-    elif MODE == 2:
+    elif MODE == 2:  # (truncation spelled again: sharing ``g`` with it moved tile constants off ptxas's uniform path)
         g = c * 1.1920928955078125e-07
         t = tl.where(t > a, t - g, t)
         inv = (2130706432 - c.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)  # 1 / c: (254 - E_c) << 23

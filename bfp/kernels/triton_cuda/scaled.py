@@ -138,7 +138,7 @@ def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_ama
     kw = dict(FMAX=fmax, POW2=pow2, **rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31,
               enable_fp_fusion=False)
     launcher.run(_scaled, (-(-n // ELEMS),), (x32, out, x32 if keys is None else keys, top), (n,), kw,
-                 ("tensorwise", n, fmax, pow2, rule, keys is None, top.dtype))
+                 ("tensorwise", n, fmax, pow2, rule, keys is None))
     return out
 
 
