@@ -11,9 +11,9 @@ from ..formats import MX, NVFP4, BlockFloat, Float, Format, Rounding, Scaled, fo
 from . import nvfp4, scaled
 from .plan import rule_for, tile_for
 from . import op_args
-from .ops import _counts_torch, run_rule
+from .ops import _counts_torch, canonical, run_rule
 
-from .runtime import ALIASES, BACKENDS, backend_for, kernel  # noqa: F401 (the backends' names, re-exported)
+from .runtime import ALIASES, BACKENDS, PREPARED, backend_for, kernel  # noqa: F401 (the backends' names, re-exported)
 
 _FLOAT_DTYPES = op_args.FLOAT_DTYPES
 
@@ -62,7 +62,8 @@ def _check(x, fmt) -> None:
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"quantize supports float32, float16, bfloat16 and float64 tensors, "
                         f"got {x.dtype}")
-    op_args.tensor(x, "quantize's tensor")
+    if torch.compiler.is_compiling() or x.layout != torch.strided:  # the rest of op_args.tensor's checks
+        op_args.tensor(x, "quantize's tensor")
 
 
 def _check_op(x, fmt: str, keys, backend: str) -> Format:
@@ -88,6 +89,11 @@ def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
     x32 = x.detach().to(torch.float32).contiguous()
     out = nvfp4.quantize(x32, fmt, keys, backend)
     counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
+    if x.dtype == torch.float32 and (go := nvfp4.prepare(tuple(x.shape), fmt, backend)) is not None:
+        def run(x, keys):
+            out = go(x, keys)
+            return out, (_counts_torch(x.view(torch.int32), out.view(torch.int32)) if stats else None)
+        _keep(x, fmt, backend, stats, fmt.rounding is Rounding.STOCHASTIC, run)
     return out.to(x.dtype), counts
 
 
@@ -112,7 +118,8 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     op_args.generator(generator)
     backend = backend_for(x, backend)
     if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # eager: no dispatcher in the way
-        return kernel_for(fmt)(x, fmt, generator, backend, stats)
+        hit = _fast(x, fmt, generator, backend, stats)
+        return hit if hit is not None else kernel_for(fmt)(x, fmt, generator, backend, stats)
     keys = _draw(generator, x.device) if needs_keys(fmt) else None  # the one draw, taken before the op
     out, counts = quantize_format(x, format_json(fmt), keys, stats, backend)
     return out, (counts if stats else None)
@@ -266,10 +273,36 @@ def _scaled(x: torch.Tensor, fmt: Scaled, generator, backend: str, stats: bool):
     return out.to(x.dtype), counts
 
 
+_FAST = PREPARED  # (id(fmt), shape, dtype, is_cuda, backend, stats) -> (fmt, stochastic, run): launches prepared
+# by the family kernels for ``quantize_stats``. Keyed by the format object's identity (hashing a format's
+# fields costs more than the rest of the lookup); the entry holds the format, so its id is not reused.
+_FAST_MAX = 4096  # distinct tensors a process rounds (a model has a few hundred); a bound, not an eviction policy
+
+
+def _fast(x: torch.Tensor, fmt: Format, generator, backend: str, stats: bool):
+    """``(out, counts)`` by the launch a family kernel prepared for this format and kind of tensor
+    (contiguous, of this shape, dtype and device type), or None where it has none: a training
+    step's repeated calls skip the format's rule, tile, plan and view (the host path, issue 54)."""
+    hit = _FAST.get((id(fmt), x.shape, x.dtype, x.is_cuda, backend, stats))
+    if hit is None or hit[0] is not fmt or x.is_meta or not x.is_contiguous():
+        return None
+    _, stochastic, run = hit
+    return run(x.detach() if x.requires_grad else x, device_keys(generator, x.device) if stochastic else None)
+
+
+def _keep(x: torch.Tensor, fmt: Format, backend: str, stats: bool, stochastic: bool, run) -> None:
+    """Keep ``run(x, keys) -> (out, counts)`` for ``_fast``: tensors like ``x`` in ``fmt``."""
+    if len(_FAST) < _FAST_MAX:
+        _FAST[(id(fmt), x.shape, x.dtype, x.is_cuda, backend, stats)] = (fmt, stochastic, run)
+
+
 def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: bool):
     """The families one element rule rounds (``plan.rule_for``): Float, BlockFloat, MX and the
     ones that register a rule with ``plan.register_rule``. A 0-dim tensor is rounded as its one
-    element in a tensor of shape (1,): one tile of one element for every tiled family."""
+    element in a tensor of shape (1,): one tile of one element for every tiled family.
+
+    A backend that prepares launches (``kernel("rule_prepare", backend)``: Triton's) keeps the
+    launch of this format, shape and dtype for ``quantize_stats``'s next calls (``_FAST``)."""
     if x.dim() == 0 and x.device.type != "meta":
         out, counts = element_rule(x.reshape(1), fmt, generator, backend, stats)
         return out.reshape(()), counts
@@ -287,7 +320,25 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
         return x.detach().clone(), (zero if stats else None)
     out, counts = run_rule(x32, rule, tile, keys, stats, backend)
+    if x32.dtype == x.dtype:
+        _prepare(x, fmt, rule, tile, backend, stats)
     return (out if x.dtype == torch.float32 else out.to(x.dtype)), (counts if stats else None)
+
+
+def _prepare(x: torch.Tensor, fmt: Format, rule, tile, backend: str, stats: bool) -> None:
+    """Keep ``element_rule``'s prepared launch for ``x``'s kind of tensor, where the backend
+    prepares launches and the tile folds into its canonical view (a run just succeeded)."""
+    prepare = kernel("rule_prepare", backend)
+    canon = canonical(tuple(x.shape), tile)
+    if prepare is None or (tile is not None and canon is None):
+        return
+    shape4, tile4 = canon if canon is not None else (None, None)
+    go = prepare(rule, x.numel(), shape4, tile4, stats, x.dtype)
+
+    def run(x, keys):
+        out = torch.empty_like(x)
+        return out, go(x, out, keys)
+    _keep(x, fmt, backend, stats, rule.mode == 2, run)
 
 
 for _family, _kernel in ((Float, element_rule), (BlockFloat, element_rule), (MX, element_rule), (NVFP4, _nvfp4),

@@ -66,6 +66,29 @@ def _view(shape: tuple, axis: int, block) -> tuple[tuple, tuple]:
     return (math.prod(shape[:axis - 1]), shape[axis - 1], shape[axis], math.prod(shape[axis + 1:])), (br, bc)
 
 
+def _triton_view(shape: tuple, axis: int, block) -> tuple[tuple, tuple]:
+    """The Triton kernel's view and block of a contiguous tensor of ``shape``: a 2-D block over
+    ``shape`` as it is (``_view``), a 1-D block along ``axis``, the last."""
+    if isinstance(block, tuple):
+        return _view(shape, axis, block)
+    return (math.prod(shape[:-1]), 1, shape[-1], 1), (1, block)
+
+
+def prepare(shape: tuple, fmt: NVFP4, backend: str):
+    """The Triton launch of ``fmt`` fixed for contiguous float32 tensors of ``shape`` whose blocks
+    need no transposing copy (2-D tiles, or 1-D blocks along the last axis): ``go(x32, keys) ->
+    out``, ``keys`` a device tensor or None. None where that does not apply (then ``quantize``)."""
+    prepared = kernel("nvfp4_prepare", backend)
+    axis = fmt.axis + len(shape) if fmt.axis < 0 else fmt.axis
+    if prepared is None or not shape or not math.prod(shape) or not 0 <= axis < len(shape) \
+            or (isinstance(fmt.block, tuple) and axis < len(fmt.block) - 1) \
+            or (not isinstance(fmt.block, tuple) and axis != len(shape) - 1):
+        return None
+    view, block = _triton_view(shape, axis, fmt.block)
+    return prepared(view, block, fmt.rounding, fmt.tensor_scale, fmt.convention == "te",
+                    fmt.rounding is Rounding.STOCHASTIC)
+
+
 def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
     """NVFP4 of float32 ``x32`` (a new tensor); ``backend`` "cpu" runs the Numba kernels on CPU
     tensors, "triton" the Triton kernel (both conventions, 1-D blocks moved to the last axis, 2-D
@@ -83,14 +106,11 @@ def quantize(x32: torch.Tensor, fmt: NVFP4, keys, backend: str) -> torch.Tensor:
             keys = None
         elif not isinstance(keys, torch.Tensor):
             keys = torch.tensor(keys, dtype=torch.int64, device=x32.device)
-        if isinstance(fmt.block, tuple):  # 2-D tiles: on the tensor as it is
-            view, block = _view(tuple(x32.shape), axis, fmt.block)
-            return fast(x32.contiguous(), view, block, fmt.rounding, fmt.tensor_scale, te, keys)
         xm = x32.reshape(1) if x32.dim() == 0 else x32
-        last = axis == xm.dim() - 1
+        last = isinstance(fmt.block, tuple) or axis == xm.dim() - 1  # 2-D tiles: on the tensor as it is
         xm = (xm if last else xm.movedim(axis, -1)).contiguous()
-        out = fast(xm, (xm.numel() // xm.shape[-1], 1, xm.shape[-1], 1), (1, fmt.block), fmt.rounding,
-                   fmt.tensor_scale, te, keys)
+        view, block = _triton_view(tuple(xm.shape), xm.dim() - 1 if not last else axis, fmt.block)
+        out = fast(xm, view, block, fmt.rounding, fmt.tensor_scale, te, keys)
         return (out if last else out.movedim(-1, axis)).reshape(x32.shape)
     keys = key_ints(keys)  # every other path takes the keys as numbers
     if te:  # TransformerEngine's order of operations (bfp.kernels.nvfp4_te)

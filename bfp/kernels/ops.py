@@ -43,7 +43,7 @@ def key_ints(keys) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _canonical(shape: tuple, tile: Optional[tuple]):
+def canonical(shape: tuple, tile: Optional[tuple]):
     return None if tile is None else canonical_4d(shape, tile)
 
 
@@ -52,7 +52,7 @@ def run_rule(x: torch.Tensor, rule, tile, keys: Optional[torch.Tensor], stats: b
     """The op's implementation (``quantize_rule``'s arguments, ``rule`` a ``plan.Rule`` and ``tile``
     a tuple); the counts are None without ``stats``."""
     r, t = rule if isinstance(rule, Rule) else Rule(*rule), (None if tile is None else tuple(tile))
-    canon = _canonical(tuple(x.shape), t)
+    canon = canonical(tuple(x.shape), t)
     if backend == "reference" or (t is not None and canon is None):
         x32 = x.float()  # the Triton backend hands over bfloat16/float16 as they are
         out = quantize_reference(x32, r, t, key_ints(keys))

@@ -37,8 +37,10 @@ ALIASES = {"cuda": "triton"}  # the GPU backend's earlier name
 KERNELS: dict[tuple[str, str], str] = {
     ("rule", "cpu"): "numba_cpu.cpu:run",                      # Float, BlockFloat, MX, P3109
     ("rule", "triton"): "triton_cuda:run",
+    ("rule_prepare", "triton"): "triton_cuda.element:prepare",  # the same launch, its plan looked up once
     ("nvfp4", "cpu"): "numba_cpu.nvfp4_cpu:quantize",          # NVFP4 (1-D blocks any axis, 2-D tiles)
     ("nvfp4", "triton"): "triton_cuda.nvfp4:quantize",         # NVFP4, both conventions, 1-D blocks and 2-D tiles
+    ("nvfp4_prepare", "triton"): "triton_cuda.nvfp4:prepare",  # the same launches, their plans looked up once
     ("nvfp4_te", "cpu"): "numba_cpu.nvfp4_te_cpu:quantize",    # NVFP4 in TransformerEngine's order
     ("scaled", "cpu"): "numba_cpu.scaled_cpu:apply",           # per-tensor scaled FP8, fused
     ("scaled_tensorwise", "triton"): "triton_cuda.scaled:tensorwise",  # the same, amax and scale on the device
@@ -64,6 +66,12 @@ def register(entry: str, backend: str, target: str) -> None:
         raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     KERNELS[(entry, backend)] = target
     kernel.cache_clear()
+    PREPARED.clear()
+
+
+# Launches the family kernels prepared with a backend's kernels (``dispatch._fast``), emptied when
+# a kernel is registered so none outlives the kernel it was prepared with.
+PREPARED: dict = {}
 
 
 @functools.lru_cache(maxsize=None)

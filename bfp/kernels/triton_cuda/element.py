@@ -242,8 +242,20 @@ def launch(x32, out, rule, shape4, tile4, keys, stats: bool):
     and stored as such, the rule on float32 bits in registers; both on one device, a CPU tensor
     only under ``TRITON_INTERPRET=1``); ``keys``: an int64 tensor of the two stochastic keys on that
     device (or None unless stochastic). Returns the int64 counts ``[nonzero_in, zeroed]`` or None."""
-    key = (rule, x32.numel(), shape4, tile4, stats, IO[x32.dtype])
+    return prepare(rule, x32.numel(), shape4, tile4, stats, x32.dtype)(x32, out, keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def prepare(rule, n: int, shape4, tile4, stats: bool, dtype: torch.dtype):
+    """``launch`` fixed for tensors of ``n`` elements of ``dtype`` over ``shape4``/``tile4``: the
+    plan looked up once, so a training step's repeated calls pay only the launch.
+    Returns ``go(x32, out, keys) -> counts or None`` (``launch``'s arguments and result)."""
+    key = (rule, n, shape4, tile4, stats, IO[dtype])
     kernel, grid, extra, kw = _plan(*key)
-    part = x32.new_empty((grid[0], 2), dtype=_INT64) if stats else x32
-    launcher.run(kernel, grid, (x32, out, x32 if keys is None else keys, part), extra, kw, key)  # keys: read if stochastic
-    return part.sum(0) if stats else None
+    rows = (grid[0], 2)
+
+    def go(x32, out, keys):
+        part = x32.new_empty(rows, dtype=_INT64) if stats else x32
+        launcher.run(kernel, grid, (x32, out, x32 if keys is None else keys, part), extra, kw, key)  # keys: read if stochastic
+        return part.sum(0) if stats else None
+    return go

@@ -31,8 +31,8 @@ def _hooked() -> bool:
     """Whether a launch hook is set (triton 3.8 keeps always-present ``HookChain`` objects, empty
     unless a profiler adds to them; an older triton has None or a function)."""
     rt = knobs.runtime
-    return any(h is not None and bool(getattr(h, "calls", True))
-               for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
 def run(kernel, grid: tuple, tensors: tuple, scalars: tuple, kw: dict, plan_key) -> None:
@@ -50,13 +50,10 @@ def run(kernel, grid: tuple, tensors: tuple, scalars: tuple, kw: dict, plan_key)
         compiled = kernel[grid](*tensors, *scalars, **kw)
         if entry is None and len(_CACHE) < _MAX and not _interpreted(kernel) and compiled is not None:
             n = len(tensors) + len(scalars)
-            _CACHE[key] = (compiled, tuple(kw[name] for name in kernel.arg_names[n:]))  # the constexprs, in order
+            tail = tuple(kw[name] for name in kernel.arg_names[n:])  # the constexprs, in order
+            # the C launcher and its fixed arguments, as ``CompiledKernel.__getitem__``'s runner passes them
+            _CACHE[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail)
         return
-    compiled, tail = entry
-    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                 _stream(key[1]), compiled.function, compiled.packed_metadata, None, None, None,
-                 *tensors, *scalars, *tail)
-
-
-def _stream(device: int):
-    return driver.active.get_current_stream(device)
+    launch, function, metadata, tail = entry
+    launch(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+           driver.active.get_current_stream(key[1]), function, metadata, None, None, None, *tensors, *scalars, *tail)

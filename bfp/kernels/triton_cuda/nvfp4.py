@@ -185,11 +185,20 @@ def _pow2(v: int) -> int:
 def tensor_amax(x: torch.Tensor, with_inf: bool = False) -> torch.Tensor:
     """The largest finite magnitude of contiguous float32 ``x`` (``with_inf``: Inf counted; NaN
     never) as a 0-dim int32 device tensor of its bits."""
-    n = x.numel()
-    amax = torch.zeros((), dtype=torch.int32, device=x.device)
-    launcher.run(_amax, (-(-n // ELEMS),), (x, amax), (n,),
-                 dict(BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31, WITH_INF=with_inf), ("amax", n, with_inf))
-    return amax
+    return _amax_launch(x.numel(), with_inf)(x)
+
+
+@functools.lru_cache(maxsize=256)
+def _amax_launch(n: int, with_inf: bool):
+    """``tensor_amax`` fixed for tensors of ``n`` elements: ``go(x) -> amax``."""
+    grid, scalars, key = (-(-n // ELEMS),), (n,), ("amax", n, with_inf)
+    kw = dict(BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31, WITH_INF=with_inf)
+
+    def go(x):
+        amax = torch.zeros((), dtype=torch.int32, device=x.device)
+        launcher.run(_amax, grid, (x, amax), scalars, kw, key)
+        return amax
+    return go
 
 
 @functools.lru_cache(maxsize=256)
@@ -214,9 +223,19 @@ def quantize(x: torch.Tensor, view: tuple, block: tuple, rounding, tensor_scale:
     (BR, BC)`` over its ``R`` and ``C`` axes (1-D blocks along the last axis: ``(B, 1, C, 1)`` and
     ``(1, BC)``); tail blocks shorter. ``te``: TransformerEngine's convention; ``keys``: the
     stochastic keys as an int64 tensor on ``x``'s device, or None."""
-    key = (view, block, rounding, tensor_scale, te, keys is not None)
+    return prepare(view, block, rounding, tensor_scale, te, keys is not None)(x, keys)
+
+
+@functools.lru_cache(maxsize=256)
+def prepare(view: tuple, block: tuple, rounding, tensor_scale: bool, te: bool, stochastic: bool):
+    """``quantize`` fixed for one layout and format, its plans looked up once (a training step
+    repeats the same calls): ``go(x, keys) -> out``, ``quantize``'s tensors."""
+    key = (view, block, rounding, tensor_scale, te, stochastic)
     grid, scalars, kw = _plan(*key)
-    out = torch.empty_like(x)
-    amax = tensor_amax(x, with_inf=te)
-    launcher.run(_quantize, grid, (x, out, x if keys is None else keys, amax), scalars, kw, key)
-    return out
+    amax = _amax_launch(view[0] * view[1] * view[2] * view[3], te)
+
+    def go(x, keys):
+        out = torch.empty_like(x)
+        launcher.run(_quantize, grid, (x, out, x if keys is None else keys, amax(x)), scalars, kw, key)
+        return out
+    return go
