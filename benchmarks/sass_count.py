@@ -111,7 +111,9 @@ def launches(fmt, shape, stats: bool = False, dtype=torch.float32) -> list:
             nv.quantize(x, fmt, _keys(fmt.rounding), "triton")
         elif isinstance(fmt, Scaled):  # as kernels/dispatch.py's _scaled calls the fused kernels
             args = (fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _keys(fmt.fmt.rounding))
-            if fmt.granularity == "tensor":
+            if fmt.delayed:  # the history's amax given; the training step's amax taken by the same pass
+                sc.tensorwise(x, *args, given_amax=torch.zeros((), device=x.device), seen=True)
+            elif fmt.granularity == "tensor":
                 sc.tensorwise(x, *args)
             else:
                 sc.rowwise(x, fmt.axis % x.dim(), *args)

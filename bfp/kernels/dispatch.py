@@ -202,15 +202,18 @@ def _delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, upd
     with torch.no_grad():
         x32 = x.detach().float().contiguous()
         fused = kernel("scaled_tensorwise", backend)
+        seen = None  # x's amax, where the rounding pass takes it
         if fused is not None:  # the Triton kernel: the history's amax stays on the device
             out = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32),
-                        given_amax=history.max())
+                        given_amax=history.max(), seen=update)
+            out, seen = out if update else (out, None)
         else:
             rnd = lambda y, f: quantize_stats(y, f, generator=generator, stats=False)[0]  # noqa: E731
             out = scaled.tensorwise(x32, fmt, rnd, given_amax=history.max(),
                                     keys=scaled_keys(fmt, generator, "cpu", x32))
         if update:  # evaluation reads the history, never moves it
-            history.copy_(torch.cat([scaled.amax(x32).reshape(1).to(history), history[:-1]]))
+            seen = scaled.amax(x32) if seen is None else seen
+            history.copy_(torch.cat([seen.reshape(1).to(history), history[:-1]]))
     return out.to(x.dtype)
 
 

@@ -123,13 +123,19 @@ def test_delayed_scaling_on_the_triton_backend_equals_the_reference_and_moves_th
     from bfp.kernels.dispatch import delayed
     fmt = dataclasses.replace(format_from_name("fp8_e4m3_delayed"),
                               fmt=dataclasses.replace(format_from_name("float8_e4m3fn"), rounding=rounding))
-    x = INPUTS[2] * 1e3
-    hist = {b: torch.tensor([0.0] + [37.5] * (fmt.history_length - 1)) for b in ("cpu", "triton")}
-    for step in range(3):
-        outs = {b: delayed(x.to(DEVICE[b]) * (step + 1), fmt, hist[b], torch.Generator().manual_seed(step), True,
-                           backend=b).cpu() for b in hist}
-        assert torch.equal(outs["cpu"].view(torch.int32), outs["triton"].view(torch.int32))
-        assert torch.equal(hist["cpu"], hist["triton"].cpu())
+    for x in (INPUTS[2] * 1e3, INPUTS[6], INPUTS[8], torch.randn(5000) * 1e3):  # -0; random; Inf/NaN rows; many programs
+        hist = {b: torch.tensor([0.0] + [37.5] * (fmt.history_length - 1)) for b in ("cpu", "triton")}
+        for step in range(3):
+            xs = x * (step + 1)
+            outs = {b: delayed(xs.to(DEVICE[b]), fmt, hist[b], torch.Generator().manual_seed(step), True,
+                               backend=b).cpu() for b in hist}
+            assert torch.equal(outs["cpu"].view(torch.int32), outs["triton"].view(torch.int32))
+            assert torch.equal(hist["cpu"], hist["triton"].cpu())
+            finite = xs[torch.isfinite(xs)].abs()  # the entry the step adds: the largest finite magnitude
+            assert hist["triton"][0].item() == (finite.max().item() if finite.numel() else 0.0)
+        before = hist["triton"].clone()
+        delayed(x.to(DEVICE["triton"]), fmt, hist["triton"], None, False, backend="triton")
+        assert torch.equal(hist["triton"], before)  # evaluation reads the history only
 
 
 @pytest.mark.parametrize("name", ["fp8_e4m3_rowwise", "fp8_e5m2_rowwise_pow2"])

@@ -1,8 +1,9 @@
 """Scaled FP8 (``bfp.formats.scaled``): per tensor (current or delayed) and rowwise, in Triton.
 
-Per tensor: two launches and no host round trip: the amax pass of ``nvfp4.py`` (each program's largest finite
-magnitude) and a torch ``amax`` of its partial maxima, or the delayed recipe's amax given as a
-device tensor; then ``_scaled``, element-wise: the scale from the amax (``fmt.max / amax`` as an
+Per tensor: two launches and no host round trip: the amax pass of ``nvfp4.py`` (the largest finite
+magnitude by an integer atomic max), or the delayed recipe's amax given as a device tensor; then
+``_scaled`` (which, for delayed scaling's training step, also emits the tensor's own amax for the
+history by the same atomic max: no amax pass), element-wise: the scale from the amax (``fmt.max / amax`` as an
 IEEE division, 1 where the amax is 0, at most float32's max, its exponent alone with ``pow2``),
 ``y = clamp(x * scale, -max, max)`` (NaN kept, as torch's clamp), ``q = fmt(y)`` by the integer
 element rule, and ``q / scale`` as an IEEE division (``tl.math.div_rn``): the steps of
@@ -62,14 +63,20 @@ def _apply(x, scale, offs, keys_ptr, FMAX: tl.constexpr, QT: tl.constexpr, P2Q: 
 
 
 @triton.jit
-def _scaled(x_ptr, o_ptr, keys_ptr, amax_ptr, n, FMAX: tl.constexpr, POW2: tl.constexpr, QT: tl.constexpr,
-            P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr, KIND: tl.constexpr, MODE: tl.constexpr,
-            MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr, BLOCK: tl.constexpr,
-            IDX64: tl.constexpr):
+def _scaled(x_ptr, o_ptr, keys_ptr, amax_ptr, seen_ptr, n, FMAX: tl.constexpr, POW2: tl.constexpr,
+            QT: tl.constexpr, P2Q: tl.constexpr, HI: tl.constexpr, LO: tl.constexpr, KIND: tl.constexpr,
+            MODE: tl.constexpr, MAN: tl.constexpr, FTZ: tl.constexpr, OVF_INF: tl.constexpr, INF_NAN: tl.constexpr,
+            BLOCK: tl.constexpr, IDX64: tl.constexpr, SEEN: tl.constexpr):
+    """One scale from the amax at ``amax_ptr``; with ``SEEN`` (delayed scaling) the tensor's own
+    largest finite magnitude bits also go to ``seen_ptr`` (zeroed by the caller) by an integer
+    atomic max, as ``nvfp4._amax`` does: the history's next entry with no pass of its own."""
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK) if IDX64 else pid * BLOCK + tl.arange(0, BLOCK)
     msk = offs < n
     x = tl.load(x_ptr + offs, mask=msk, other=0.0)
+    if SEEN:
+        m = x.to(tl.int32, bitcast=True) & MAG
+        tl.atomic_max(seen_ptr, tl.max(tl.where(m < EXP_INF, m, 0), axis=0))
     scale = _scale_of(tl.load(amax_ptr).to(tl.float32), FMAX, POW2)
     out = _apply(x, scale, offs, keys_ptr, FMAX, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN, IDX64)
     tl.store(o_ptr + offs, out, mask=msk)
@@ -128,18 +135,21 @@ def amax(x32: torch.Tensor) -> torch.Tensor:
     return tensor_amax(x32).view(torch.float32)
 
 
-def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_amax=None) -> torch.Tensor:
+def tensorwise(x32: torch.Tensor, fmax: float, pow2: bool, rule, keys, given_amax=None, seen: bool = False):
     """Scaled rounding of contiguous float32 ``x32`` with one scale (``kernels/scaled.py``'s steps):
     ``rule`` the element format's, ``keys`` an int64 device tensor (stochastic) or None,
-    ``given_amax`` the delayed recipe's amax (a device tensor) or None (this tensor's)."""
+    ``given_amax`` the delayed recipe's amax (a device tensor) or None (this tensor's). With
+    ``seen`` (delayed scaling's training step) returns ``(out, amax)``: ``x32``'s own largest finite
+    magnitude as a 0-dim float32 device tensor, taken by the same pass."""
     top = amax(x32) if given_amax is None else given_amax.to(device=x32.device, dtype=torch.float32).reshape(())
     out = torch.empty_like(x32)
+    mine = torch.zeros((), dtype=torch.int32, device=x32.device) if seen else top
     n = x32.numel()
-    kw = dict(FMAX=fmax, POW2=pow2, **rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31,
+    kw = dict(FMAX=fmax, POW2=pow2, **rule_kwargs(rule), BLOCK=ELEMS, IDX64=n + 2 * ELEMS >= 2 ** 31, SEEN=seen,
               enable_fp_fusion=False)
-    launcher.run(_scaled, (-(-n // ELEMS),), (x32, out, x32 if keys is None else keys, top), (n,), kw,
-                 ("tensorwise", n, fmax, pow2, rule, keys is None))
-    return out
+    launcher.run(_scaled, (-(-n // ELEMS),), (x32, out, x32 if keys is None else keys, top, mine), (n,), kw,
+                 ("tensorwise", n, fmax, pow2, rule, keys is None, seen))
+    return (out, mine.view(torch.float32)) if seen else out
 
 
 def rowwise(x32: torch.Tensor, axis: int, fmax: float, pow2: bool, rule, keys) -> torch.Tensor:
