@@ -104,7 +104,7 @@ def grad_reduce(order: str, fmt: str, average: bool):
     return RoundedReduce(f, order=order, average=average)
 
 
-def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str) -> None:
+def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str, preset: str = "fp32") -> None:
     """FSDP2 training of the FP32 GPT with ``kind``: ``real16`` (torch's own float16 reduce-scatter,
     ``MixedPrecisionPolicy(reduce_dtype=float16)``), ``replay16`` (the same policy, the rounded comm in
     replay mode summing in ``fmt`` and ``order``), ``simulate`` (the comm averaging in ``fmt``/``order``)."""
@@ -113,13 +113,13 @@ def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str) -> None:
     mp = MixedPrecisionPolicy(reduce_dtype=torch.float16) if kind in ("real16", "replay16") else None
     install = (lambda m: []) if kind == "real16" else lambda m: install_rounded_reduce_scatter(
         m, grad_reduce(order, fmt, kind == "simulate"), "replay" if kind == "replay16" else "simulate")
-    train_sharded(model("fp32"), out, mp, install)
+    train_sharded(model(preset), out, mp, install)
 
 
-def rs_reference(order: str, fmt: str, world: int) -> dict[str, torch.Tensor]:
+def rs_reference(order: str, fmt: str, world: int, preset: str = "fp32") -> dict[str, torch.Tensor]:
     """Every worker's gradient stacked and reduced by ``RoundedReduce`` parameter by parameter."""
     reduce = grad_reduce(order, fmt, True)
-    return data_parallel(model("fp32"), world, lambda gs: reduce(torch.stack(gs)))
+    return data_parallel(model(preset), world, lambda gs: reduce(torch.stack(gs)))
 
 
 def rounded_all_gather(fmt: str, out: str) -> None:
@@ -172,8 +172,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "--ag-reference":  # FORMAT OUT WORLD
         torch.set_num_threads(1)
         torch.save(ag_reference(sys.argv[2], int(sys.argv[4])), sys.argv[3])
-    elif sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT
-        rounded_reduce_scatter(*sys.argv[2:6])
+    elif sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT [PRESET]
+        rounded_reduce_scatter(*sys.argv[2:7])
     elif sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT
         tensor_parallel(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--convert-sharded":  # one rank: converting after fully_shard is refused, saying why
@@ -190,9 +190,9 @@ if __name__ == "__main__":
         except ValueError as e:
             print(f"refused: {e}")
         dist.destroy_process_group()
-    elif sys.argv[1] == "--rs-reference":  # ORDER FORMAT OUT WORLD
+    elif sys.argv[1] == "--rs-reference":  # ORDER FORMAT OUT WORLD [PRESET]
         torch.set_num_threads(1)
-        torch.save(rs_reference(sys.argv[2], sys.argv[3], int(sys.argv[5])), sys.argv[4])
+        torch.save(rs_reference(sys.argv[2], sys.argv[3], int(sys.argv[5]), *sys.argv[6:7]), sys.argv[4])
     elif sys.argv[1] == "--reference":
         torch.set_num_threads(1)
         torch.save(reference(sys.argv[2], int(sys.argv[4])), sys.argv[3])

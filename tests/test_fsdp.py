@@ -67,6 +67,23 @@ def test_a_converted_gpt_trains_under_fully_shard_as_the_one_process_reference(p
     assert not all(torch.equal(want[k], fp32[k]) for k in want)
 
 
+@pytest.mark.parametrize("world, preset", [(3, "any_FB16"), (4, "any_nvfp4")])
+def test_a_converted_gpt_trains_under_fully_shard_at_three_and_four_ranks_as_the_reference(world, preset, tmp_path):
+    """W = 3 and 4: a sum of three or four float32 gradients depends on its order, so the reduction is
+    fixed on both sides: the comm in float32 adding in rank order (FSDP's division off) and the
+    one-process reference stacking the workers' gradients through the same ``RoundedReduce``. What is
+    left to differ is what FSDP does to a converted model: shards padded on dim 0 to a multiple of W,
+    all-gathered weights in buffers FSDP frees after each use, the layers' kernels on them."""
+    got = _run_rs(world, "simulate", "sequential", "float32", tmp_path / "sim.pt", preset)
+    ref = tmp_path / "ref.pt"
+    want = _launch(["--rs-reference", "sequential", "float32", ref, world, preset], ref, world, ranks=False)
+    start = dict(W.model(preset).named_parameters())
+    assert got["calls"] == 9 and _same(got["params"], want)
+    assert all(not torch.equal(want[k], start[k]) for k in want)  # every parameter trained
+    plain = _launch(["--rs-reference", "sequential", "float32", ref, world], ref, world, ranks=False)
+    assert not _same(want, plain)  # the preset rounds: not the FP32 model's result
+
+
 def test_kernels_leave_a_storage_resizable():
     import bfp
     w = torch.randn(16, 32)
@@ -120,9 +137,10 @@ def test_the_rules_shard_only_where_a_shard_rounds_as_the_whole():
     assert shardable_dims(f("e4m3").with_rounding("stochastic"), (4, 8)) == []  # draws hash whole-tensor indices
 
 
-def _run_rs(world, kind, order, fmt, out):
-    """``_fsdp_worker.py --rs``: FSDP2 training of the FP32 GPT with a reduce-scatter of ``kind``."""
-    return _launch(["--rs", kind, order, fmt, out], out, world)
+def _run_rs(world, kind, order, fmt, out, preset="fp32"):
+    """``_fsdp_worker.py --rs``: FSDP2 training of the GPT (``preset``: FP32 by default) with a
+    reduce-scatter of ``kind``."""
+    return _launch(["--rs", kind, order, fmt, out, preset], out, world)
 
 
 def _same(a, b):
