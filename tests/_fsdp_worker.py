@@ -41,11 +41,12 @@ def loss_of(m, x, y):
     return nn.functional.cross_entropy(m(x), y)
 
 
-def data_parallel(m: nn.Module, world: int, combine, weights=None) -> dict[str, torch.Tensor]:
+def data_parallel(m: nn.Module, world: int, combine, weights=None, start=None) -> dict[str, torch.Tensor]:
     """One process standing for ``world`` workers: each worker's gradient on its slice, ``combine(grads)``
     the gradient the master gets; ``weights(master)``: the values the forward computes with (the master
-    itself by default). SGD on the master; returns it."""
-    master = [p.detach().clone().requires_grad_(True) for p in m.parameters()]
+    itself by default; ``start``: the master's first values, ``m``'s by default). SGD on the master;
+    returns it."""
+    master = [p.detach().clone().requires_grad_(True) for p in (start or m.parameters())]
     opt = torch.optim.SGD(master, lr=0.5)
     for x, y in batches():
         with torch.no_grad():
@@ -122,18 +123,28 @@ def rs_reference(order: str, fmt: str, world: int, preset: str = "fp32") -> dict
     return data_parallel(model(preset), world, lambda gs: reduce(torch.stack(gs)))
 
 
-def rounded_all_gather(fmt: str, out: str) -> None:
-    """FSDP2 training of the FP32 GPT whose weights are rounded to ``fmt`` as they are all-gathered."""
+def rounded_all_gather(fmt: str, out: str, param_dtype: str = "float32") -> None:
+    """FSDP2 training of the FP32 GPT whose weights are rounded to ``fmt`` as they are all-gathered;
+    ``param_dtype`` bfloat16: FSDP casts the shards to bfloat16 first and the layers compute in it
+    (gradients reduced in float32), TorchTitan's double rounding."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     from bfp.distributed.fsdp import install_rounded_all_gather
     from bfp.formats import format_from_name
-    train_sharded(model("fp32"), out, install=lambda m: install_rounded_all_gather(m, format_from_name(fmt)))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if param_dtype == "bfloat16" else None
+    train_sharded(model("fp32"), out, mp, install=lambda m: install_rounded_all_gather(m, format_from_name(fmt)))
 
 
-def ag_reference(fmt: str, world: int) -> dict[str, torch.Tensor]:
-    """The master rounded to ``fmt`` before every forward, the two workers' gradients averaged."""
+def ag_reference(fmt: str, world: int, param_dtype: str = "float32", order: str = "ag") -> dict[str, torch.Tensor]:
+    """The master rounded to ``fmt`` before every forward (``order`` "ag": cast to ``param_dtype``
+    first, then rounded, as the comm sees it; "fmt-first": rounded, then cast), the two workers'
+    gradients averaged in float32."""
     import bfp
-    f = bfp.format_from_name(fmt)
-    return data_parallel(model("fp32"), world, lambda gs: (gs[0] + gs[1]) / 2, lambda w: bfp.quantize(w, f))
+    f, dtype = bfp.format_from_name(fmt), getattr(torch, param_dtype)
+    weights = (lambda w: bfp.quantize(w.to(dtype), f)) if order == "ag" else lambda w: bfp.quantize(w, f).to(dtype)
+    m = model("fp32")
+    start = [p.detach().clone() for p in m.parameters()]  # the float32 master, before m computes in ``dtype``
+    return data_parallel(m.to(dtype), world, lambda gs: (gs[0].float() + gs[1].float()) / 2, weights, start)
 
 
 def tensor_parallel(preset: str, out: str) -> None:
@@ -167,11 +178,11 @@ def tensor_parallel(preset: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--ag":  # rounded all-gather: FORMAT OUT
-        rounded_all_gather(*sys.argv[2:4])
-    elif sys.argv[1] == "--ag-reference":  # FORMAT OUT WORLD
+    if sys.argv[1] == "--ag":  # rounded all-gather: FORMAT OUT [PARAM_DTYPE]
+        rounded_all_gather(*sys.argv[2:5])
+    elif sys.argv[1] == "--ag-reference":  # FORMAT OUT WORLD [PARAM_DTYPE [ORDER]]
         torch.set_num_threads(1)
-        torch.save(ag_reference(sys.argv[2], int(sys.argv[4])), sys.argv[3])
+        torch.save(ag_reference(sys.argv[2], int(sys.argv[4]), *sys.argv[5:7]), sys.argv[3])
     elif sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT [PRESET]
         rounded_reduce_scatter(*sys.argv[2:7])
     elif sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT

@@ -197,6 +197,19 @@ def test_the_rounded_all_gather_trains_as_rounding_the_master_before_every_forwa
     assert not _same(got["params"], fp32)
 
 
+def test_a_bfloat16_param_dtype_rounds_twice_as_torchtitan_does(tmp_path):
+    """Issue 55, item 3: ``MixedPrecisionPolicy(param_dtype=bfloat16)`` with the rounded all-gather:
+    FSDP casts each shard to bfloat16, the comm rounds that to e4m3, the layers compute in bfloat16.
+    One process computing in bfloat16 on e4m3(bfloat16(master)) gives the same master bit for bit; on
+    e4m3(master), the single rounding, it does not (the double rounding shows)."""
+    got = _launch(["--ag", "e4m3", tmp_path / "ag.pt", "bfloat16"], tmp_path / "ag.pt")
+    ref = tmp_path / "ref.pt"
+    want = _launch(["--ag-reference", "e4m3", ref, 2, "bfloat16", "ag"], ref, ranks=False)
+    assert got["calls"] > 0 and _same(got["params"], want)
+    once = _launch(["--ag-reference", "e4m3", ref, 2, "bfloat16", "fmt-first"], ref, ranks=False)
+    assert not _same(got["params"], once)
+
+
 def test_the_rounded_all_gather_takes_element_wise_formats_only():
     import torch.nn as nn
     from bfp.distributed.fsdp import install_rounded_all_gather
