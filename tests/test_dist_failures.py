@@ -70,21 +70,21 @@ def _peer_fails(sig, *flags) -> tuple[int, str, float]:
             p.wait(timeout=30)
 
 
-def test_a_killed_peer_ends_the_other_rank_with_a_clear_message():
-    rc, out, _ = _peer_fails(signal.SIGKILL)
+def test_a_killed_peer_ends_the_other_rank_with_a_clear_message(tmp_path):
+    rc, out, _ = _peer_fails(signal.SIGKILL, "--save", "True", "--run-dir", str(tmp_path))  # checkpoints: --resume advice
     assert rc == 4, out
     assert "cifar.py: error: rank 0 of 2: a collective failed" in out and "--resume" in out
     assert "Traceback" not in out
 
 
 def test_a_killed_or_frozen_peer_ends_an_fsdp_run_too_without_resume_advice():
-    """FSDP's collectives (all-gather, the rounded reduce-scatter) fail as DDP's do; an --fsdp run
-    saves no checkpoints yet, so the message does not point at --resume."""
+    """FSDP's collectives (all-gather, the rounded reduce-scatter) fail as DDP's do; a run that saves no
+    checkpoints (--save False) is not pointed at --resume."""
     for sig in (signal.SIGKILL, signal.SIGSTOP):
         rc, out, waited = _peer_fails(sig, "--fsdp", "--grad-format", "float8_e4m3fn", "--save", "False")
         assert rc == 4, out
         assert "cifar.py: error: rank 0 of 2: a collective failed" in out, out
-        assert "An --fsdp run saves no checkpoints yet" in out and "--resume" not in out.split("a collective")[-1]
+        assert "This run saves no checkpoints (--save False)" in out and "--resume" not in out.split("a collective")[-1]
         assert "Traceback" not in out and waited < 120
 
 

@@ -228,14 +228,29 @@ def test_cifar_py_fsdp_trains_as_ddp_with_the_same_rounded_reduction(tiny_args, 
     import json
     from test_distributed import launch
     common = ["--bfp", "any_FB16", "--training-epochs", "2", "--grad-format", "e4m3", "--grad-order", "sequential",
-              "--log", "True"]
-    out = launch(["cifar", json.dumps([tiny_args(*common, "--fsdp", "True", "--run-name", "fsdp"),
-                                       tiny_args(*common, "--run-name", "ddp")])], timeout=400)[0]
-    assert "FSDP2 (fully_shard per block and the root)" in out, out[-3000:]
+              "--log", "True", "--save", "True", "--save-interval", "1"]
     runs = tmp_path / "runs"
+    copy = runs / "fsdp_resumed"  # a copy of the FSDP run continues from its epoch-1 checkpoint
+    out = launch(["cifar", json.dumps([tiny_args(*common, "--fsdp", "True", "--run-name", "fsdp"),
+                                       tiny_args(*common, "--run-name", "ddp"),
+                                       {"copy_run": [str(runs / "fsdp"), str(copy)]},
+                                       ["--resume", str(copy / "checkpoints" / "epoch_001.pt"), "--progress", "False"]
+                                       ])], timeout=400)[0]
+    assert "FSDP2 (fully_shard per block and the root)" in out, out[-3000:]
     metrics = {n: [(r["train_loss"], r["test_loss"], r["test_acc1"]) for r in
                    map(json.loads, (runs / n / "metrics.jsonl").read_text().splitlines())] for n in ("fsdp", "ddp")}
     assert len(metrics["fsdp"]) == 2 and metrics["fsdp"] == metrics["ddp"]
+    # checkpoints through torch.distributed.checkpoint's state-dict API: the whole model, as DDP saves it,
+    # and a resume that continues the run exactly (weights, BatchNorm statistics, momentum)
+    fsdp, ddp, resumed = (torch.load(runs / n / "checkpoints" / "last.pt", weights_only=False)
+                          for n in ("fsdp", "ddp", "fsdp_resumed"))
+    assert fsdp["global_step"] == resumed["global_step"] == 4 and fsdp["model"].keys() == ddp["model"].keys()
+    assert all(torch.equal(fsdp["model"][k], ddp["model"][k]) and torch.equal(fsdp["model"][k], resumed["model"][k])
+               for k in ddp["model"])
+    momentum = [(n, s["momentum_buffer"]) for n, s in fsdp["optimizer"]["state"].items()]
+    assert [n for n, _ in momentum] == [k for k, _ in ddp_params(ddp)]  # keyed by parameter name: any sharding
+    assert all(torch.equal(m, resumed["optimizer"]["state"][n]["momentum_buffer"]) for n, m in momentum)
+    assert all(torch.equal(m, ddp["optimizer"]["state"][i]["momentum_buffer"]) for i, (_, m) in enumerate(momentum))
     lm = ["--model-opt", "dim=32", "--model-opt", "depth=2", "--model-opt", "heads=2", "--block-size", "16",
           "--batch-size-train", "16", "--batch-size-test", "32", "--threads", "1", "--progress", "False",
           "--sample-chars", "8", "--bfp", "any_fp8_e4m3", "--training-epochs", "1", "--limit-train-images", "64",
@@ -245,9 +260,15 @@ def test_cifar_py_fsdp_trains_as_ddp_with_the_same_rounded_reduction(tiny_args, 
     assert "weights all-gathered in Float(e8m7" in out and "epoch 1/1" in out, out[-3000:]
 
 
+def ddp_params(state):
+    """The trainable parameters' names of a saved model, in the optimizer's order (its state's keys)."""
+    return [(k, v) for k, v in state["model"].items() if not k.endswith(("running_mean", "running_var",
+                                                                         "num_batches_tracked"))]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--param-comm-format", "e4m3"], "--param-comm-format e4m3 rounds FSDP's weight all-gather: add --fsdp"),
-    (["--fsdp", "True", "--save", "True"], "--fsdp does not combine with --save yet (checkpoints"),
+    (["--fsdp", "True", "--do", "Simple/0.1/0.2/0/1"], "--fsdp does not combine with --do yet (dynamic precision"),
     (["--fsdp", "True", "--emulate-node", "2"], "--fsdp shards over processes, one worker each"),
     (["--fsdp", "True"], "--fsdp shards the model over processes: launch with torchrun"),
 ])

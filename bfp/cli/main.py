@@ -40,7 +40,7 @@ PEER_FAILURE = re.compile(r"gloo|nccl|c10d|timed out|timeout|connection|by peer|
 def peer_failure(e: BaseException, resumable: bool = True) -> Optional[str]:
     """The message for a collective that failed because another process died, froze or became
     unreachable (gloo/NCCL errors, --dist-timeout expiring); None for any other error.
-    ``resumable`` False (an --fsdp run, which saves no checkpoints yet): no --resume advice."""
+    ``resumable`` False (a run that saves no checkpoints, --save False): no --resume advice."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -52,7 +52,7 @@ def peer_failure(e: BaseException, resumable: bool = True) -> Optional[str]:
             f"process died, was stopped or cannot be reached, or waited longer than --dist-timeout; every rank "
             f"stops. " + ("Checkpoints of finished epochs are kept: continue with --resume <run directory> and the "
                           "same number of processes" if resumable else
-                          "An --fsdp run saves no checkpoints yet: start it again"))
+                          "This run saves no checkpoints (--save False): start it again"))
 
 
 def in_flags(task, e: BaseException) -> str:
@@ -96,7 +96,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)
         return 3
     except RuntimeError as e:
-        failed = peer_failure(e, resumable=not getattr(getattr(spec, "args", None), "fsdp", False))
+        failed = peer_failure(e, resumable=bool(getattr(getattr(spec, "args", None), "save", True)))
         if failed is None:
             raise
         print(f"{prog}: error: {failed}", file=sys.stderr, flush=True)

@@ -116,10 +116,8 @@ def max_threads() -> int:
     return int(numba.config.NUMBA_NUM_THREADS)
 
 
-# What --fsdp does not combine with yet: each would need sharded checkpoints or a sharded model's hooks.
-_NOT_WITH_FSDP = {"save": "checkpoints (torch.distributed.checkpoint is not wired in yet)",
-                  "resume": "resuming (no sharded checkpoint to resume from)",
-                  "do": "dynamic precision", "diagnose": "diagnostics", "shadow": "the FP32 shadow",
+# What --fsdp does not combine with yet: each would need a sharded model's hooks.
+_NOT_WITH_FSDP = {"do": "dynamic precision", "diagnose": "diagnostics", "shadow": "the FP32 shadow",
                   "grad_histogram": "gradient histograms", "cuda_graph": "CUDA graphs"}
 
 

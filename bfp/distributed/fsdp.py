@@ -221,5 +221,22 @@ class FSDPStep:
     def prepare(self, model: nn.Module) -> nn.Module:
         return model
 
+    @staticmethod
+    def full_state(model: nn.Module, optimizer) -> tuple[dict, dict]:
+        """The model's and optimizer's whole (unsharded) state on rank 0, in CPU memory, through
+        ``torch.distributed.checkpoint``'s state-dict API (a collective: every rank calls it; the
+        other ranks get empty dicts). The optimizer's state is keyed by parameter names, so it
+        loads into any sharding of the same model."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    @staticmethod
+    def load_full_state(model: nn.Module, optimizer, model_state: dict, optimizer_state: dict) -> None:
+        """``full_state``'s dicts (every rank holds them, read from the checkpoint) into a sharded
+        model and its optimizer: each rank keeps its own shards."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                       options=StateDictOptions(full_state_dict=True))
+
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, criterion, optimizer, amp):
         return amp.train_step(model, x, y, criterion=criterion, optimizer=optimizer)

@@ -356,7 +356,7 @@ class Trainer:
         layers = precision_state(self.model)  # every Q-layer, callbacks' changes included
         return {
             "epoch": self.epoch, "global_step": self.global_step, "best_acc": self.best_acc,
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            **self._model_and_optimizer(),
             "schedule": self.schedule.state_dict(), "scaler": self.amp.state_dict(),
             "rng": ckpt.rng_state({"data": self.data.generator}),
             "network_config": self.network_config, "precision_state": layers,
@@ -364,12 +364,25 @@ class Trainer:
             "config": asdict(self.cfg), "extra": self.extra_state,
         }
 
+    def _model_and_optimizer(self) -> dict[str, Any]:
+        """The model's and optimizer's state, whole: a sharding step (``--fsdp``) gathers it from
+        every rank (``step.full_state``, a collective), otherwise the modules' own."""
+        full = getattr(self.step, "full_state", None)
+        model, optimizer = full(self.model, self.optimizer) if full is not None else \
+            (self.model.state_dict(), self.optimizer.state_dict())
+        return {"model": model, "optimizer": optimizer}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a run; the model must already be converted with ``state['network_config']``."""
-        self.model.load_state_dict(state["model"])
-        if state.get("precision_state") is not None:
-            load_precision_state(self.model, state["precision_state"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load = getattr(self.step, "load_full_state", None)
+        if load is not None:  # --fsdp: each rank takes its shards of the whole state
+            load(self.model, self.optimizer, state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        saved = state.get("precision_state")
+        if saved is not None and saved != precision_state(self.model):  # layers changed since conversion (--do, -tc)
+            load_precision_state(self.model, saved)
         self.schedule.load_state_dict(state["schedule"])
         self.amp.load_state_dict(state["scaler"])
         self.callbacks.load_state_dict(state["callbacks"])
@@ -379,11 +392,15 @@ class Trainer:
         ckpt.set_rng_state(state["rng"], {"data": self.data.generator})  # last: nothing after may draw
 
     def _save(self, epoch: int, metrics: dict[str, float]) -> None:
-        if self.checkpoint_dir is None or not is_main():
+        sharded = hasattr(self.step, "full_state")  # gathering the state is a collective: every rank takes part
+        if self.checkpoint_dir is None or not (sharded or is_main()):
+            return
+        state = self.state_dict()
+        if not is_main():
             return
         # epoch_NNN.pt and best.pt first, last.pt last: a crash in between is repaired by
         # the resume, which trains this epoch again (bfp.engine.checkpoint_set)
-        checkpoint_set.write_set(self.state_dict(), self.checkpoint_dir,
+        checkpoint_set.write_set(state, self.checkpoint_dir,
                                  best=metrics["test_acc1"] >= self.best_acc,
                                  periodic=bool(self.cfg.save_interval) and (epoch + 1) % self.cfg.save_interval == 0)
 
