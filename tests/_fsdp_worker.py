@@ -99,13 +99,16 @@ def main(preset: str, out: str) -> None:
 
 
 def grad_reduce(order: str, fmt: str, average: bool):
+    """``RoundedReduce`` of ``fmt``, ``+aps``/``+kahan`` appended to switch those on (``e4m3+aps``)."""
     from bfp.distributed.reduce import RoundedReduce
     from bfp.formats import Float, format_from_name
-    f = Float(5, 10, overflow="inf") if fmt == "ieee-fp16" else format_from_name(fmt)
-    return RoundedReduce(f, order=order, average=average)
+    name, *extras = fmt.split("+")
+    f = Float(5, 10, overflow="inf") if name == "ieee-fp16" else format_from_name(name)
+    return RoundedReduce(f, order=order, average=average, aps="aps" in extras, kahan="kahan" in extras)
 
 
-def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str, preset: str = "fp32") -> None:
+def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str, preset: str = "fp32",
+                           transport: str = "auto") -> None:
     """FSDP2 training of the FP32 GPT with ``kind``: ``real16`` (torch's own float16 reduce-scatter,
     ``MixedPrecisionPolicy(reduce_dtype=float16)``), ``replay16`` (the same policy, the rounded comm in
     replay mode summing in ``fmt`` and ``order``), ``simulate`` (the comm averaging in ``fmt``/``order``)."""
@@ -113,7 +116,8 @@ def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str, preset: st
     from bfp.distributed.fsdp import install_rounded_reduce_scatter
     mp = MixedPrecisionPolicy(reduce_dtype=torch.float16) if kind in ("real16", "replay16") else None
     install = (lambda m: []) if kind == "real16" else lambda m: install_rounded_reduce_scatter(
-        m, grad_reduce(order, fmt, kind == "simulate"), "replay" if kind == "replay16" else "simulate")
+        m, grad_reduce(order, fmt, kind == "simulate"), "replay" if kind == "replay16" else "simulate",
+        transport=transport)
     train_sharded(model(preset), out, mp, install)
 
 
@@ -183,8 +187,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "--ag-reference":  # FORMAT OUT WORLD [PARAM_DTYPE [ORDER]]
         torch.set_num_threads(1)
         torch.save(ag_reference(sys.argv[2], int(sys.argv[4]), *sys.argv[5:7]), sys.argv[3])
-    elif sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT [PRESET]
-        rounded_reduce_scatter(*sys.argv[2:7])
+    elif sys.argv[1] == "--rs":  # rounded reduce-scatter: KIND ORDER FORMAT OUT [PRESET [TRANSPORT]]
+        rounded_reduce_scatter(*sys.argv[2:8])
     elif sys.argv[1] == "--tp":  # tensor parallel: PRESET OUT
         tensor_parallel(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "--convert-sharded":  # one rank: converting after fully_shard is refused, saying why

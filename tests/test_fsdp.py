@@ -137,10 +137,10 @@ def test_the_rules_shard_only_where_a_shard_rounds_as_the_whole():
     assert shardable_dims(f("e4m3").with_rounding("stochastic"), (4, 8)) == []  # draws hash whole-tensor indices
 
 
-def _run_rs(world, kind, order, fmt, out, preset="fp32"):
+def _run_rs(world, kind, order, fmt, out, preset="fp32", transport="auto"):
     """``_fsdp_worker.py --rs``: FSDP2 training of the GPT (``preset``: FP32 by default) with a
     reduce-scatter of ``kind``."""
-    return _launch(["--rs", kind, order, fmt, out, preset], out, world)
+    return _launch(["--rs", kind, order, fmt, out, preset, transport], out, world)
 
 
 def _same(a, b):
@@ -173,6 +173,43 @@ def test_the_rounded_reduce_scatter_equals_rounded_reduce_on_the_stacked_worker_
     assert got["calls"] == 9 and _same(got["params"], want)
     if world == 2:
         assert not _same(got["params"], fp32)
+
+
+@pytest.mark.parametrize("world, order, fmt", [(3, "gloo", "e4m3+aps"), (4, "nccl-ring", "e5m2+aps+kahan"),
+                                              (3, "sequential", "e4m3+aps")])
+def test_the_all_to_all_transport_reduces_as_the_all_gather_does(world, order, fmt, tmp_path):
+    """Issue 55, item 2: each rank receiving only every rank's copy of its own shard (all-to-all, what a
+    ring moves; APS's per-parameter maxima by one MAX all-reduce) trains exactly as every rank
+    receiving every whole buffer; APS and the order change the result (the comms ran)."""
+    a2a = _run_rs(world, "simulate", order, fmt, tmp_path / "a2a.pt", "fp32", "all-to-all")
+    ag = _run_rs(world, "simulate", order, fmt, tmp_path / "ag.pt", "fp32", "all-gather")
+    assert a2a["calls"] == ag["calls"] == 9 and _same(a2a["params"], ag["params"])
+    plain = _run_rs(world, "simulate", order, fmt.split("+")[0], tmp_path / "plain.pt", "fp32", "all-to-all")
+    assert not _same(a2a["params"], plain["params"])
+
+
+def test_aps_takes_one_shift_a_parameter_over_all_its_shards():
+    """APS in a library's order: FSDP's flat buffer holds each parameter as W shard segments; the shift
+    is the whole parameter's (CPD's per-tensor scale), as the per-parameter orders take it. At W = 2
+    gloo's order and rank order add the same two values, so the two must agree bit for bit, also
+    when a parameter's shards differ by 2**20 in size (a shift per segment would not: the control)."""
+    from bfp.distributed.fsdp import RoundedReduceScatter
+    from bfp.distributed.reduce import RoundedReduce
+    from bfp.formats import format_from_name
+    fmt, world = format_from_name("e4m3"), 2
+    shapes = [torch.Size((4, 3)), torch.Size((2, 5))]
+    g = torch.Generator().manual_seed(3)
+    stack = torch.randn(world, 22, generator=g)  # [worker, row 0 (6 + 5) | row 1 (6 + 5)]
+    stack[:, 11:17] *= 2.0 ** -20  # parameter 0's shard 1: tiny
+    gloo = RoundedReduceScatter(RoundedReduce(fmt, "gloo", aps=True), shapes, "all-gather")._reduce(stack, world)
+    seq = RoundedReduceScatter(RoundedReduce(fmt, "sequential", aps=True), shapes, "all-gather")._reduce(stack, world)
+    assert torch.equal(gloo, seq)
+    per_segment = RoundedReduce(fmt, "gloo", aps=True)(stack, [6, 5] * world)
+    assert not torch.equal(per_segment, gloo)
+    with pytest.raises(ValueError, match="needs every parameter whole .* use the all-gather transport"):
+        RoundedReduceScatter(RoundedReduce(format_from_name("fb16"), "sequential"), shapes, "all-to-all")
+    with pytest.raises(ValueError, match="transport 'ring': allowed auto, all-gather, all-to-all"):
+        RoundedReduceScatter(RoundedReduce(fmt, "gloo"), shapes, "ring")
 
 
 def test_installing_needs_a_sharded_model_and_a_known_mode():

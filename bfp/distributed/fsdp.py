@@ -51,22 +51,37 @@ import torch.nn as nn
 from ..formats import Format
 from ..kernels import needs_keys, quantize
 from .hook import gather_workers
-from .orders import element_bytes, nccl_reduce_scatter_groups
-from .reduce import LIBRARY_ORDERS, RoundedReduce
+from .orders import element_bytes, gloo_chunks, gloo_order, nccl_reduce_scatter_groups
+from .reduce import LIBRARY_ORDERS, RoundedReduce, aps_shift_of
 
-__all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "RoundedAllGather", "install_rounded_all_gather",
+__all__ = ["RoundedReduceScatter", "install_rounded_reduce_scatter", "TRANSPORTS", "RoundedAllGather", "install_rounded_all_gather",
            "MODES", "FSDPStep", "shard_units"]
 
 MODES = ("simulate", "replay")
 
 
+TRANSPORTS = ("auto", "all-gather", "all-to-all")
+
+
 class RoundedReduceScatter:
     """FSDP2's ``ReduceScatter`` comm (``torch.distributed.fsdp``) through ``RoundedReduce`` (module
     docstring); ``shapes``: the padded unsharded shape of each parameter of the FSDP module, in FSDP's
-    order."""
+    order; ``transport``: ``all-to-all`` (each rank receives every rank's copy of its own shard and
+    reduces it: what a ring moves), ``all-gather`` (every rank receives every rank's whole buffer), or
+    ``auto``: all-to-all wherever the order adds element by element at known positions (``gloo``,
+    ``nccl-ring``, and ``sequential`` with an element-wise format), all-gather otherwise (``param-ring``
+    and block formats need each parameter's whole shape; ``nccl-tree`` the whole buffer's channels)."""
 
-    def __init__(self, reduce: RoundedReduce, shapes: list[torch.Size]):
+    def __init__(self, reduce: RoundedReduce, shapes: list[torch.Size], transport: str = "auto"):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r}: allowed {', '.join(TRANSPORTS)}")
         self.reduce, self.shapes = reduce, [torch.Size(s) for s in shapes]
+        sliceable = reduce.order in ("gloo", "nccl-ring") or (
+            reduce.order == "sequential" and (reduce.fmt is None or reduce.fmt.elementwise))
+        if transport == "all-to-all" and not sliceable:
+            raise ValueError(f"the {reduce.order} order with {reduce.fmt!r} needs every parameter whole (its blocks "
+                             f"or chunks span shards): use the all-gather transport")
+        self.transport = transport if transport != "auto" else "all-to-all" if sliceable else "all-gather"
         self.calls = 0
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -79,24 +94,65 @@ class RoundedReduceScatter:
         if input_tensor.numel() != world * n or sum(s.numel() for s in self.shapes) != world * n:
             raise RuntimeError(f"FSDP's reduce-scatter buffer holds {input_tensor.numel()} elements for {world} ranks "
                                f"of {n}; the parameters' padded sizes add to {sum(s.numel() for s in self.shapes)}")
-        stack = gather_workers(input_tensor.reshape(1, -1).float(), group)  # [W workers, W * n]
-        output_tensor.copy_(self._reduce(stack, world)[rank * n:(rank + 1) * n])
+        flat = input_tensor.reshape(1, -1).float()
+        if self.transport == "all-to-all":
+            output_tensor.copy_(self._own_shard(flat, world, rank, group))
+        else:
+            stack = gather_workers(flat, group)  # [W workers, W * n]
+            output_tensor.copy_(self._reduce(stack, world)[rank * n:(rank + 1) * n])
         self.calls += 1
         return None
 
+    def _sizes(self, world: int) -> list[int]:
+        return [s.numel() // world for s in self.shapes]  # one shard segment of each parameter a row
+
+    def _shifts(self, v: torch.Tensor, world: int, group=None) -> Optional[list[int]]:
+        """APS: one shift a parameter over all its shards and workers (CPD's per-tensor scale: the
+        largest magnitude of the whole parameter's gradient, after the mean's pre-division), from
+        ``v`` ([rows, W * n]: the workers' buffers, or this rank's alone with ``group``, whose
+        maxima are then all-reduced with MAX, the one small collective APS adds)."""
+        if not self.reduce.aps:
+            return None
+        sizes = self._sizes(world)
+        rows = self.reduce._pre_divide(v, world).reshape(v.shape[0], world, -1)
+        bounds = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        amax = torch.stack([rows[:, :, a:b].abs().amax() if b > a else rows.new_zeros(())
+                            for a, b in zip(bounds, bounds[1:])])
+        if group is not None:
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+        return [aps_shift_of(a, world, self.reduce.fmt) for a in amax.double().tolist()]
+
+    def _own_shard(self, flat: torch.Tensor, world: int, rank: int, group) -> torch.Tensor:
+        """The all-to-all transport: every rank's copy of this rank's shard ([W, n]) received and
+        reduced in the order the elements of that shard take in the whole buffer."""
+        send = flat.reshape(world, -1).contiguous()  # row r: this rank's gradient of rank r's shard
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)  # row w: rank w's gradient of this rank's shard
+        n, es = send.shape[1], element_bytes(self.reduce.fmt)
+        mine = slice(rank * n, (rank + 1) * n)
+        if self.reduce.order == "gloo":
+            groups = (gloo_chunks(world * n, world, es)[mine], [gloo_order(c, world) for c in range(world)])
+        elif self.reduce.order == "nccl-ring":
+            g, orders = nccl_reduce_scatter_groups(n, world, es, self.reduce.nccl)
+            groups = (g[mine], orders)
+        else:  # sequential: rank order, wherever the element is
+            groups = None
+        return self.reduce(recv, self._sizes(world), groups=groups, shifts=self._shifts(flat, world, group))
+
     def _reduce(self, stack: torch.Tensor, world: int) -> torch.Tensor:
-        """Every worker's flat buffer ([W, W * n]) reduced, in FSDP's flat layout."""
-        sizes = [s.numel() // world for s in self.shapes]  # one shard segment of each parameter a row
+        """Every worker's flat buffer ([W, W * n]) reduced, in FSDP's flat layout (all-gather transport)."""
+        sizes = self._sizes(world)
+        shifts = self._shifts(stack, world) if self.reduce.order in LIBRARY_ORDERS else None
         if self.reduce.order == "nccl-ring":  # NCCL's ring reduce-scatter: segment d from rank d+1 round to d
             es = element_bytes(self.reduce.fmt)
-            return self.reduce(stack, sizes * world,
+            return self.reduce(stack, sizes * world, shifts=shifts and shifts * world,
                                groups=nccl_reduce_scatter_groups(stack.shape[1] // world, world, es, self.reduce.nccl))
         if self.reduce.order in LIBRARY_ORDERS:  # the flat buffer as the library adds it
-            return self.reduce(stack, sizes * world)
+            return self.reduce(stack, sizes * world, shifts=shifts and shifts * world)
         rows = stack.reshape(stack.shape[0], world, -1)  # [worker, row, n]
         out = torch.empty(world, rows.shape[-1], dtype=torch.float32, device=stack.device)
         off = 0
-        for shape, k in zip(self.shapes, sizes):
+        for shape, k in zip(self.shapes, sizes):  # each parameter whole: APS over it as RoundedReduce takes it
             full = rows[:, :, off:off + k].reshape(stack.shape[0], *shape)  # each worker's padded gradient
             out[:, off:off + k] = self.reduce(full).reshape(world, k)
             off += k
@@ -126,9 +182,10 @@ def _padded_shapes(module: nn.Module, world: int) -> list[torch.Size]:
 
 
 def install_rounded_reduce_scatter(model: nn.Module, reduce: RoundedReduce, mode: str = "simulate",
-                                   group: Optional[dist.ProcessGroup] = None) -> list[RoundedReduceScatter]:
-    """A ``RoundedReduceScatter`` on every FSDP module of ``model`` (``fully_shard`` applied first);
-    returns them (their ``calls`` count the reductions run)."""
+                                   group: Optional[dist.ProcessGroup] = None, transport: str = "auto"
+                                   ) -> list[RoundedReduceScatter]:
+    """A ``RoundedReduceScatter`` (``transport``: see the class) on every FSDP module of ``model``
+    (``fully_shard`` applied first); returns them (their ``calls`` count the reductions run)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: allowed {', '.join(MODES)}")
     modules = _fsdp_modules(model)
@@ -141,7 +198,7 @@ def install_rounded_reduce_scatter(model: nn.Module, reduce: RoundedReduce, mode
         shapes = _padded_shapes(m, world)
         if not shapes:
             continue
-        comm = RoundedReduceScatter(reduce, shapes)
+        comm = RoundedReduceScatter(reduce, shapes, transport)
         if mode == "simulate":  # the comm divides as ``reduce`` says; FSDP's own division off
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)

@@ -164,9 +164,16 @@ def _shift_segments(v: torch.Tensor, sizes: list[int], shifts: list[int]) -> tor
 def aps_shift(stack: torch.Tensor, fmt: Optional[Format]) -> int:
     """The APS exponent shift of one parameter (0 for all-zero or non-finite gradients)."""
     amax = stack.abs().max().double().item() if stack.numel() else 0.0
+    return aps_shift_of(amax, stack.shape[0], fmt)
+
+
+def aps_shift_of(amax: float, n: int, fmt: Optional[Format]) -> int:
+    """The APS shift of a parameter whose largest gradient magnitude over the ``n`` workers is
+    ``amax`` (a float32 value; what CPD all-reduces with MAX): ``top - ceil(log2(amax * n))``, 0
+    for 0 or a non-finite amax."""
     if amax == 0.0 or not math.isfinite(amax):
         return 0
-    m, e = math.frexp(amax * stack.shape[0])  # exact: float32 max times a small integer
+    m, e = math.frexp(amax * n)  # exact: float32 max times a small integer
     need = e - 1 if m == 0.5 else e          # ceil(log2(amax * N))
     top = fmt.aps_top() if fmt is not None else 0
     return top - need
@@ -218,14 +225,16 @@ class RoundedReduce:
             return self._q(stack)
         return torch.stack([self._q(row) for row in stack.unbind(0)])
 
-    def __call__(self, stack: torch.Tensor, sizes: Optional[list[int]] = None, *, groups=None) -> torch.Tensor:
+    def __call__(self, stack: torch.Tensor, sizes: Optional[list[int]] = None, *, groups=None,
+                 shifts: Optional[list[int]] = None) -> torch.Tensor:
         """Reduce ``stack`` ([N, *shape] float32, one row per worker) to ``shape``. ``sizes``: the
         stack is a flat buffer ([N, sum(sizes)]) of parameters one after another, reduced at once in a
         library's order as the library adds it, while APS shifts each parameter by its own exponent
         (it scales a tensor before the transport, as CPD does), not the buffer by one. ``groups``:
         ``(group of each flat element, each group's workers in adding order)``, an order the caller
         derived (FSDP's NCCL reduce-scatter: ``orders.nccl_reduce_scatter_groups``) instead of
-        ``self.order``'s."""
+        ``self.order``'s. ``shifts``: with ``aps``, the shift of each of ``sizes``' segments, taken by
+        the caller (FSDP: one a parameter, over all its shards) instead of each segment's own."""
         n = stack.shape[0]
         if n < 1:
             raise ValueError(f"a reduction needs at least one worker (a stack [N, ...] with N >= 1), got a stack "
@@ -235,7 +244,10 @@ class RoundedReduce:
         with torch.autocast(stack.device.type, enabled=False):
             v = self._pre_divide(stack.float())
             cuts = sizes if sizes is not None else [v[0].numel()]
-            shifts = [aps_shift(part, self.fmt) if self.aps else 0 for part in _segments(v, cuts)]
+            if not self.aps or shifts is None:
+                shifts = [aps_shift(part, self.fmt) if self.aps else 0 for part in _segments(v, cuts)]
+            elif len(shifts) != len(cuts):
+                raise ValueError(f"{len(shifts)} APS shifts for {len(cuts)} segments")
             v = _shift_segments(v, cuts, shifts)
             overflow.check("reduce", v, self.fmt)  # a loss scaler watching sees a worker's gradient overflow
             terms = self._q_workers(v)
@@ -248,9 +260,10 @@ class RoundedReduce:
                 total = total / n
         return total
 
-    def _pre_divide(self, v: torch.Tensor) -> torch.Tensor:
-        """Step 1 of the module docstring: the mean's division before the sum (none for ``after``)."""
-        n = v.shape[0]
+    def _pre_divide(self, v: torch.Tensor, n: Optional[int] = None) -> torch.Tensor:
+        """Step 1 of the module docstring: the mean's division before the sum (none for ``after``);
+        ``n`` the workers (``v``'s rows by default)."""
+        n = v.shape[0] if n is None else n
         if not self.average or self.divide == "after":
             return v
         if self.divide == "before":
