@@ -3,19 +3,23 @@
 ``install_rounded_reduce_scatter(model, reduce)`` gives every FSDP module of ``model`` (the setting is
 not recursive) a ``RoundedReduceScatter``: FSDP hands it this rank's whole gradient of the module's
 parameters as one flat buffer of ``W`` rows, row ``r`` holding the dim-0-padded shard ``r`` of every
-parameter (FSDP's ``foreach_reduce``), and takes back row ``rank`` reduced. The comm all-gathers the
-buffers (every worker's gradient on every rank: ``W`` times a ring's traffic, the transport of the
-DDP hook's orders that need the whole buffer) and reduces them with ``RoundedReduce``:
+parameter (FSDP's ``foreach_reduce``), and takes back row ``rank`` reduced, by ``RoundedReduce``.
+**Transport**: by default an all-to-all (each rank receives every rank's row ``rank``, what a ring
+moves, and reduces that shard in the order its elements take in the whole buffer) wherever the order
+adds element by element at known positions (``gloo``, ``nccl-ring``, ``sequential`` with an
+element-wise format); an all-gather of the whole buffers (``W`` times a ring's traffic) where the
+order needs a parameter or the buffer whole (``param-ring``, block formats, ``nccl-tree``). The two
+give the same bits (tested). **APS** takes one shift a parameter, over all its shards and workers
+(CPD's per-tensor scale; with the all-to-all each rank's per-parameter maxima are all-reduced with
+MAX, the one small collective APS adds). The orders:
 
 * ``gloo`` (and ``nccl-tree``): on FSDP's flat buffer as it is, in the all-reduce's order, which
   is what gloo's ``reduce_scatter`` does (its ring all-reduce of the whole buffer, then chunk
-  ``rank`` kept); APS shifts each parameter's shard segment of a row by its own exponent (the
-  library adds the flat buffer, so a parameter's shards are separate segments there).
+  ``rank`` kept).
 * ``nccl-ring``: NCCL's ring reduce-scatter (``src/device/reduce_scatter.h``, ``runRing``;
   ``orders.nccl_reduce_scatter_groups``): rank ``d``'s segment is started by the rank after ``d`` on
   each channel's ring and finished by ``d``, channels cutting each segment as they cut an
-  all-reduce's buffer; APS as for ``gloo``. Not compared with a real NCCL here (no GPU): tested
-  against hand-derived sums.
+  all-reduce's buffer. Not compared with a real NCCL here (no GPU): tested against hand-derived sums.
 * ``sequential`` and ``param-ring``: parameter by parameter in its (dim-0 padded) shape, so
   ``BlockFloat`` tiles and ``MX`` blocks are the parameter's own; FSDP's padding rows are zeros and
   round to zero (a tile that spans dim 0 sees them as zeros, the only rule where the cut meets a tile).
