@@ -184,8 +184,9 @@ def test_the_all_to_all_transport_reduces_as_the_all_gather_does(world, order, f
     a2a = _run_rs(world, "simulate", order, fmt, tmp_path / "a2a.pt", "fp32", "all-to-all")
     ag = _run_rs(world, "simulate", order, fmt, tmp_path / "ag.pt", "fp32", "all-gather")
     assert a2a["calls"] == ag["calls"] == 9 and _same(a2a["params"], ag["params"])
-    plain = _run_rs(world, "simulate", order, fmt.split("+")[0], tmp_path / "plain.pt", "fp32", "all-to-all")
-    assert not _same(a2a["params"], plain["params"])
+    if order == "gloo":  # once is enough to show the comm's options reach the result
+        plain = _run_rs(world, "simulate", order, fmt.split("+")[0], tmp_path / "plain.pt", "fp32", "all-to-all")
+        assert not _same(a2a["params"], plain["params"])
 
 
 def test_aps_takes_one_shift_a_parameter_over_all_its_shards():
