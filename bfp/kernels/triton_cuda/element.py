@@ -56,7 +56,7 @@ def _elementwise(x_ptr, o_ptr, keys_ptr, part_ptr, n, QT: tl.constexpr, P2Q: tl.
     o = quant_const(b, r, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF, INF_NAN)
     _store_bits(o_ptr + offs, o, msk, IO)
     if STATS:
-        _counts(part_ptr, pid, b, o, msk)
+        _counts(part_ptr, pid, b, o)
 
 
 @triton.jit
@@ -153,7 +153,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
         _store_bits(o_ptr + off, o, msk, IO)
         if STATS:
-            a = msk & ((b & MAG) != 0)
+            a = (b & MAG) != 0  # masked-off lanes read 0: neither count
             nz += a.to(tl.int32)
             zc += (a & ((o & MAG) == 0)).to(tl.int32)
     if STATS:

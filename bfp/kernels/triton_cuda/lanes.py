@@ -43,10 +43,16 @@ def _keys(keys_ptr):
 
 
 @triton.jit
-def _counts(part_ptr, pid, b, o, msk):
-    nz = msk & ((b & MAG) != 0)
-    tl.store(part_ptr + 2 * pid, tl.sum(nz.to(tl.int32)).to(tl.int64))
-    tl.store(part_ptr + 2 * pid + 1, tl.sum((nz & ((o & MAG) == 0)).to(tl.int32)).to(tl.int64))
+def _counts(part_ptr, pid, b, o):
+    """The program's two counts (nonzero inputs, those rounded to zero) in one integer sum: 1 for
+    each nonzero input plus 65536 for each one zeroed, so the low 16 bits count the first and the
+    rest the second (a program holds fewer than 65536 elements). ``b`` comes from ``_load_bits``,
+    whose masked-off lanes read 0: those count as neither, with no test of the mask."""
+    tl.static_assert(b.numel < 65536)
+    nz = (b & MAG) != 0
+    both = tl.sum(tl.where(nz, tl.where((o & MAG) == 0, 65537, 1), 0))
+    tl.store(part_ptr + 2 * pid, (both & 0xFFFF).to(tl.int64))
+    tl.store(part_ptr + 2 * pid + 1, (both >> 16).to(tl.int64))
 
 
 @triton.jit
@@ -66,4 +72,4 @@ def round_tiles(o_ptr, keys_ptr, part_ptr, pid, b, tmax, off, msk, KIND: tl.cons
     o = quant_tile(b, tmax, qt, p2q, hi, lo, r, KIND, MODE, MAN, EMIN, EMAXQ, LIM, FTZ, OVF_INF, INF_NAN)
     _store_bits(o_ptr + off, o, msk, IO)
     if STATS:
-        _counts(part_ptr, pid, b, o, msk)
+        _counts(part_ptr, pid, b, o)
