@@ -46,7 +46,8 @@ def _bands(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
     msk = (g < G1) & (c < D1) & (p < rows * D3)
     b = _load_bits(x_ptr + off, msk, IO)
     m = b & MAG
-    cmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=0, keep_dims=True)  # [1, PB]: over the channels
+    cmax = tl.max(tl.where(m < EXP_INF, m, 0), axis=0, keep_dims=True)  # [1, PB]: over the channels
+    # (masked-off lanes loaded 0: they never win a maximum, so no test of the mask here or below)
     own = (tl.arange(0, NT)[:, None] == (p % D3) // G3)  # [NT, PB]: tile t owns position p
     tmax_t = tl.max(tl.where(own, cmax, 0), axis=1, keep_dims=True)  # [NT, 1]
     tmax = tl.max(tl.where(own, tmax_t, 0), axis=0, keep_dims=True)  # [1, PB]: each position's tile's

@@ -113,7 +113,7 @@ def _tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1: tl.constexpr, D2: tl.conste
     off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
     b = _load_bits(x_ptr + off, msk, IO)
     m = b & MAG
-    tmax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True)
+    tmax = tl.max(tl.where(m < EXP_INF, m, 0), axis=1, keep_dims=True)  # masked-off lanes loaded 0
     round_tiles(o_ptr, keys_ptr, part_ptr, pid, b, tmax, off, msk, KIND, MODE, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
                 EMAXQ, TOP, MB, FTZ, OVF_INF, INF_NAN, STATS, IDX64, IO)
 
@@ -136,7 +136,7 @@ def _big_tiles(x_ptr, o_ptr, keys_ptr, part_ptr, D0, D1, D2, D3, n1, n2, n3, n_t
         s = c + tl.arange(0, CH)[None, :]
         off, msk = _tile_offsets(first, j, s, D0, D1, D2, D3, n1, n2, n3, n_tiles, G0, G1, G2, G3, RUNS)
         m = _load_bits(x_ptr + off, msk, IO) & MAG
-        tmax = tl.maximum(tmax, tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True))
+        tmax = tl.maximum(tmax, tl.max(tl.where(m < EXP_INF, m, 0), axis=1, keep_dims=True))  # masked: 0
     qt, p2q, hi, lo = tile_consts(tmax, KIND, SCALE, SOFF, QOFF, LIM, PLIM, EMIN, MAN, MAXKEPT, PMAXKEPT,
                                   EMAXQ, TOP, MB)
     nz = tl.zeros((1, CH), tl.int32)

@@ -161,7 +161,7 @@ def _quantize(x_ptr, o_ptr, keys_ptr, amax_ptr, B, R, C, Z, n_tile_rows, n_tile_
         r = rand32(tl.load(keys_ptr).to(tl.uint32), tl.load(keys_ptr + 1).to(tl.uint32), off, IDX64)
     amax_bits = tl.load(amax_ptr)
     keep = (m <= EXP_INF) if TE else (m < EXP_INF)
-    amax_b = tl.max(tl.max(tl.where(msk & keep, m, 0), axis=2, keep_dims=True), axis=1, keep_dims=True)
+    amax_b = tl.max(tl.max(tl.where(keep, m, 0), axis=2, keep_dims=True), axis=1, keep_dims=True)
     amax_b = amax_b.to(tl.float32, bitcast=True)
     if TE:
         out = _te(b, amax_b, amax_bits, r, E4, E2, MODE)

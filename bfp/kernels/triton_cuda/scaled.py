@@ -99,7 +99,7 @@ def _rows(x_ptr, o_ptr, keys_ptr, R, C, Z, PT: tl.constexpr, TPP: tl.constexpr, 
     offs = ((t // Z) * C + s) * Z + t % Z if STRIDED else t * C + s
     x = tl.load(x_ptr + offs, mask=msk, other=0.0)
     m = x.to(tl.int32, bitcast=True) & MAG
-    amax = tl.max(tl.where(msk & (m < EXP_INF), m, 0), axis=1, keep_dims=True).to(tl.float32, bitcast=True)
+    amax = tl.max(tl.where(m < EXP_INF, m, 0), axis=1, keep_dims=True).to(tl.float32, bitcast=True)
     out = _apply(x, _scale_of(amax, FMAX, POW2), offs, keys_ptr, FMAX, QT, P2Q, HI, LO, KIND, MODE, MAN, FTZ, OVF_INF,
                  INF_NAN, IDX64)
     tl.store(o_ptr + offs, out, mask=msk)
