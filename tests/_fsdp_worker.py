@@ -99,12 +99,17 @@ def main(preset: str, out: str) -> None:
 
 
 def grad_reduce(order: str, fmt: str, average: bool):
-    """``RoundedReduce`` of ``fmt``, ``+aps``/``+kahan`` appended to switch those on (``e4m3+aps``)."""
+    """``RoundedReduce`` of ``fmt``, ``+aps``/``+kahan``/``+sr`` (stochastic rounding, one reducer a
+    shard) appended to switch those on (``e4m3+aps``)."""
+    import dataclasses
     from bfp.distributed.reduce import RoundedReduce
     from bfp.formats import Float, format_from_name
     name, *extras = fmt.split("+")
     f = Float(5, 10, overflow="inf") if name == "ieee-fp16" else format_from_name(name)
-    return RoundedReduce(f, order=order, average=average, aps="aps" in extras, kahan="kahan" in extras)
+    if "sr" in extras:
+        f = dataclasses.replace(f, rounding="stochastic")
+    return RoundedReduce(f, order=order, average=average, aps="aps" in extras, kahan="kahan" in extras,
+                         one_reducer="sr" in extras)
 
 
 def rounded_reduce_scatter(kind: str, order: str, fmt: str, out: str, preset: str = "fp32",

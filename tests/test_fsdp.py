@@ -213,6 +213,35 @@ def test_aps_takes_one_shift_a_parameter_over_all_its_shards():
         RoundedReduceScatter(RoundedReduce(fmt, "gloo"), shapes, "ring")
 
 
+def test_stochastic_rounding_reduces_each_shard_on_one_rank_reproducibly(tmp_path, fp32):
+    """Issue 55, item 2: a stochastic e4m3 reduce-scatter over the all-to-all transport (each shard
+    summed by one rank, with draws of its own seeded from the run's generator): two runs with the
+    same seeds end with the same weights, which are not FP32's (the rounding ran)."""
+    runs = [_run_rs(2, "simulate", "gloo", "e4m3+sr", tmp_path / f"sr{k}.pt", "fp32", "auto") for k in (0, 1)]
+    assert runs[0]["calls"] == 9 and _same(runs[0]["params"], runs[1]["params"])
+    assert not _same(runs[0]["params"], fp32)
+
+
+def test_stochastic_gradient_rounding_needs_one_reducer_a_shard():
+    import dataclasses
+    from bfp.distributed.fsdp import RoundedReduceScatter
+    from bfp.distributed.reduce import RoundedReduce
+    from bfp.formats import format_from_name
+    sr = dataclasses.replace(format_from_name("e4m3"), rounding="stochastic")
+    with pytest.raises(ValueError, match="stochastic rounding cannot be a gradient format where every worker"):
+        RoundedReduce(sr, order="gloo")
+    reduce = RoundedReduce(sr, order="gloo", one_reducer=True)
+    with pytest.raises(ValueError, match="needs each shard reduced by one rank, the all-to-all transport"):
+        RoundedReduceScatter(reduce, [torch.Size((4,))], "all-gather")
+    # 1 + 1/16 lies halfway between the e4m3 neighbours 1 and 1.125: stochastic sums take either, as often
+    stack = torch.tensor([[1.0], [0.0625]]).expand(2, 4000).contiguous()
+    draws = [RoundedReduce(sr, order="gloo", average=False, one_reducer=True,
+                           generator=torch.Generator().manual_seed(s))(stack) for s in (1, 1, 2)]
+    assert set(draws[0].unique().tolist()) == {1.0, 1.125}
+    assert 0.45 < (draws[0] == 1.125).float().mean().item() < 0.55  # about 6 standard deviations either side
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
+
+
 def test_installing_needs_a_sharded_model_and_a_known_mode():
     import torch.nn as nn
     from bfp.distributed.fsdp import install_rounded_reduce_scatter

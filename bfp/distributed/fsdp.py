@@ -46,13 +46,14 @@ The layout is read from FSDP's parameter group (``FSDPParam.padded_sharded_param
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..formats import Format
+from ..formats import Format, Rounding
 from ..kernels import needs_keys, quantize
 from .hook import gather_workers
 from .orders import element_bytes, gloo_chunks, gloo_order, nccl_reduce_scatter_groups
@@ -82,6 +83,11 @@ class RoundedReduceScatter:
         self.reduce, self.shapes = reduce, [torch.Size(s) for s in shapes]
         sliceable = reduce.order in ("gloo", "nccl-ring") or (
             reduce.order == "sequential" and (reduce.fmt is None or reduce.fmt.elementwise))
+        self.stochastic = reduce.fmt is not None and reduce.fmt.rounding is Rounding.STOCHASTIC
+        if self.stochastic and (not sliceable or transport == "all-gather"):
+            raise ValueError(f"stochastic rounding ({reduce.fmt!r}) needs each shard reduced by one rank, the "
+                             f"all-to-all transport, which the {reduce.order} order with this format "
+                             f"{'allows: leave transport auto' if sliceable else 'does not allow'}")
         if transport == "all-to-all" and not sliceable:
             raise ValueError(f"the {reduce.order} order with {reduce.fmt!r} needs every parameter whole (its blocks "
                              f"or chunks span shards): use the all-gather transport")
@@ -141,7 +147,10 @@ class RoundedReduceScatter:
             groups = (g[mine], orders)
         else:  # sequential: rank order, wherever the element is
             groups = None
-        return self.reduce(recv, self._sizes(world), groups=groups, shifts=self._shifts(flat, world, group))
+        reduce = self.reduce
+        if self.stochastic:  # this rank alone rounds this shard: draws of its own, reproducible from the seed
+            reduce = dataclasses.replace(reduce, generator=_rank_draws(rank, flat.device))
+        return reduce(recv, self._sizes(world), groups=groups, shifts=self._shifts(flat, world, group))
 
     def _reduce(self, stack: torch.Tensor, world: int) -> torch.Tensor:
         """Every worker's flat buffer ([W, W * n]) reduced, in FSDP's flat layout (all-gather transport)."""
@@ -161,6 +170,14 @@ class RoundedReduceScatter:
             out[:, off:off + k] = self.reduce(full).reshape(world, k)
             off += k
         return out.reshape(-1)
+
+
+def _rank_draws(rank: int, device: torch.device) -> torch.Generator:
+    """A generator for one reduce-scatter's stochastic roundings on ``rank``: seeded from one draw of
+    torch's default CPU generator (each rank draws once a call, so the ranks' generators stay in
+    step) mixed with the rank, so no two ranks round their shards with the same bits."""
+    base = int(torch.randint(0, 2 ** 62, (1,)).item())
+    return torch.Generator(device=device).manual_seed((base * 0x9E3779B1 + rank) % 2 ** 63)
 
 
 def _fsdp_modules(model: nn.Module) -> list[nn.Module]:

@@ -90,7 +90,7 @@ call on the gathered gradients.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -107,21 +107,25 @@ LIBRARY_ORDERS = ("gloo", "nccl-ring", "nccl-tree")  # on the flat buffer, as th
 DIVIDE = ("before", "after", "cast-first", "nccl-avg")
 
 
-def check_grad_format(fmt: Optional[Format], shapes=()) -> None:
+def check_grad_format(fmt: Optional[Format], shapes=(), stochastic: bool = False) -> None:
     """Refuse formats a gradient reduction cannot use, naming why.
 
-    Stochastic rounding is refused: every worker computes the reduction itself
-    and must draw identical random bits, which nothing synchronises. ``shapes``
-    (of the parameters) are tried once, so an ``MX`` axis a bias does not have
-    fails now rather than at the first step.
+    Stochastic rounding is refused unless ``stochastic``: in an all-reduce every
+    worker computes the reduction itself and must draw identical random bits,
+    which nothing synchronises; where each element's sum is computed by one
+    process only (FSDP's all-to-all reduce-scatter: ``RoundedReduce(...,
+    one_reducer=True)``) it is allowed. ``shapes`` (of the parameters) are tried
+    once, so an ``MX`` axis a bias does not have fails now rather than at the first step.
     """
     if fmt is None:
         return
     if not isinstance(fmt, Format):
         raise ValueError(f"gradient format must be a bfp Float, BlockFloat or MX, got {fmt!r}")
-    if fmt.rounding is Rounding.STOCHASTIC:
-        raise ValueError(f"gradient format {fmt!r}: stochastic rounding cannot be a gradient format (the "
-                         f"workers' random draws are not synchronised); use rounding nearest or truncate")
+    if fmt.rounding is Rounding.STOCHASTIC and not stochastic:
+        raise ValueError(f"gradient format {fmt!r}: stochastic rounding cannot be a gradient format where every "
+                         f"worker computes the reduction (the workers' random draws are not synchronised); use "
+                         f"rounding nearest or truncate, or FSDP's all-to-all reduce-scatter, where one rank "
+                         f"reduces each shard (RoundedReduce(..., one_reducer=True))")
     for shape in sorted({tuple(s) for s in shapes}):
         try:
             quantize(torch.zeros(shape), fmt)
@@ -199,6 +203,8 @@ class RoundedReduce:
     average: bool = True
     divide: str = "before"
     nccl: NcclOptions = NcclOptions()  # channels, protocol, nodes, rings of the NCCL orders
+    one_reducer: bool = False  # each element's sum computed by one process only: stochastic formats allowed
+    generator: Optional[torch.Generator] = field(default=None, compare=False, repr=False)  # stochastic draws
 
     def __post_init__(self):
         object.__setattr__(self, "order", ORDER_ALIASES.get(self.order, self.order))
@@ -211,10 +217,10 @@ class RoundedReduce:
                              "of subtrees: use another order with Kahan")
         if self.divide not in DIVIDE:
             raise ValueError(f"divide {self.divide!r}: allowed {', '.join(DIVIDE)}")
-        check_grad_format(self.fmt)
+        check_grad_format(self.fmt, stochastic=self.one_reducer)
 
     def _q(self, t: torch.Tensor) -> torch.Tensor:
-        return t if self.fmt is None else quantize(t, self.fmt)
+        return t if self.fmt is None else quantize(t, self.fmt, generator=self.generator)
 
     def _q_workers(self, stack: torch.Tensor) -> torch.Tensor:
         """Round every worker's gradient (row of ``stack``) in the parameter's own shape.
