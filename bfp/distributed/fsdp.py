@@ -92,7 +92,7 @@ class RoundedReduceScatter:
             raise ValueError(f"the {reduce.order} order with {reduce.fmt!r} needs every parameter whole (its blocks "
                              f"or chunks span shards): use the all-gather transport")
         self.transport = transport if transport != "auto" else "all-to-all" if sliceable else "all-gather"
-        self.calls = 0
+        self.calls, self._orders = 0, {}
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -138,30 +138,39 @@ class RoundedReduceScatter:
         send = flat.reshape(world, -1).contiguous()  # row r: this rank's gradient of rank r's shard
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=group)  # row w: rank w's gradient of this rank's shard
-        n, es = send.shape[1], element_bytes(self.reduce.fmt)
-        mine = slice(rank * n, (rank + 1) * n)
-        if self.reduce.order == "gloo":
-            groups = (gloo_chunks(world * n, world, es)[mine], [gloo_order(c, world) for c in range(world)])
-        elif self.reduce.order == "nccl-ring":
-            g, orders = nccl_reduce_scatter_groups(n, world, es, self.reduce.nccl)
-            groups = (g[mine], orders)
-        else:  # sequential: rank order, wherever the element is
-            groups = None
+        groups = self._shard_order(world, rank, send.shape[1])
         reduce = self.reduce
         if self.stochastic:  # this rank alone rounds this shard: draws of its own, reproducible from the seed
             reduce = dataclasses.replace(reduce, generator=_rank_draws(rank, flat.device))
         return reduce(recv, self._sizes(world), groups=groups, shifts=self._shifts(flat, world, group))
 
+    def _shard_order(self, world: int, rank: int, n: int):
+        """``RoundedReduce``'s ``groups`` for this rank's shard of ``n`` elements: the order each
+        element takes in the whole buffer (None for rank order). Fixed for a module: derived once."""
+        key = (world, rank, n)
+        if key not in self._orders:
+            es, mine = element_bytes(self.reduce.fmt), slice(rank * n, (rank + 1) * n)
+            if self.reduce.order == "gloo":
+                groups = (gloo_chunks(world * n, world, es)[mine], [gloo_order(c, world) for c in range(world)])
+            elif self.reduce.order == "nccl-ring":
+                g, orders = nccl_reduce_scatter_groups(n, world, es, self.reduce.nccl)
+                groups = (g[mine], orders)
+            else:  # sequential: rank order, wherever the element is
+                groups = None
+            self._orders[key] = groups
+        return self._orders[key]
+
     def _reduce(self, stack: torch.Tensor, world: int) -> torch.Tensor:
         """Every worker's flat buffer ([W, W * n]) reduced, in FSDP's flat layout (all-gather transport)."""
         sizes = self._sizes(world)
-        shifts = self._shifts(stack, world) if self.reduce.order in LIBRARY_ORDERS else None
-        if self.reduce.order == "nccl-ring":  # NCCL's ring reduce-scatter: segment d from rank d+1 round to d
-            es = element_bytes(self.reduce.fmt)
-            return self.reduce(stack, sizes * world, shifts=shifts and shifts * world,
-                               groups=nccl_reduce_scatter_groups(stack.shape[1] // world, world, es, self.reduce.nccl))
-        if self.reduce.order in LIBRARY_ORDERS:  # the flat buffer as the library adds it
-            return self.reduce(stack, sizes * world, shifts=shifts and shifts * world)
+        if self.reduce.order in LIBRARY_ORDERS:  # the flat buffer as the library adds it, APS a parameter
+            shifts = self._shifts(stack, world)
+            row_shifts = None if shifts is None else shifts * world  # the buffer's segments: W rows of them
+            groups = None
+            if self.reduce.order == "nccl-ring":  # NCCL's ring reduce-scatter: segment d from rank d+1 round to d
+                groups = nccl_reduce_scatter_groups(stack.shape[1] // world, world, element_bytes(self.reduce.fmt),
+                                                    self.reduce.nccl)
+            return self.reduce(stack, sizes * world, shifts=row_shifts, groups=groups)
         rows = stack.reshape(stack.shape[0], world, -1)  # [worker, row, n]
         out = torch.empty(world, rows.shape[-1], dtype=torch.float32, device=stack.device)
         off = 0

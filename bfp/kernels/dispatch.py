@@ -89,7 +89,8 @@ def _nvfp4(x: torch.Tensor, fmt: NVFP4, generator, backend: str, stats: bool):
     x32 = x.detach().to(torch.float32).contiguous()
     out = nvfp4.quantize(x32, fmt, keys, backend)
     counts = _counts_torch(x32.view(torch.int32), out.view(torch.int32)) if stats else None
-    if x.dtype == torch.float32 and (go := nvfp4.prepare(tuple(x.shape), fmt, backend)) is not None:
+    if x.dtype == torch.float32 and _needs_keeping(x, fmt, backend, stats) \
+            and (go := nvfp4.prepare(tuple(x.shape), fmt, backend)) is not None:
         def run(x, keys):
             out = go(x, keys)
             return out, (_counts_torch(x.view(torch.int32), out.view(torch.int32)) if stats else None)
@@ -204,9 +205,9 @@ def _delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, upd
         fused = kernel("scaled_tensorwise", backend)
         seen = None  # x's amax, where the rounding pass takes it
         if fused is not None:  # the Triton kernel: the history's amax stays on the device
-            out = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32),
-                        given_amax=history.max(), seen=update)
-            out, seen = out if update else (out, None)
+            done = fused(x32, fmt.fmt.max, fmt.pow2, rule_for(fmt.fmt), _stochastic_keys(fmt.fmt, generator, x32),
+                         given_amax=history.max(), seen=update)
+            out, seen = done if update else (done, None)
         else:
             rnd = lambda y, f: quantize_stats(y, f, generator=generator, stats=False)[0]  # noqa: E731
             out = scaled.tensorwise(x32, fmt, rnd, given_amax=history.max(),
@@ -282,21 +283,31 @@ _FAST = PREPARED  # (id(fmt), shape, dtype, is_cuda, backend, stats) -> (fmt, st
 _FAST_MAX = 4096  # distinct tensors a process rounds (a model has a few hundred); a bound, not an eviction policy
 
 
+def _kind(x: torch.Tensor, fmt: Format, backend: str, stats: bool) -> tuple:
+    """``_FAST``'s key of ``x`` in ``fmt``."""
+    return id(fmt), x.shape, x.dtype, x.is_cuda, backend, stats
+
+
 def _fast(x: torch.Tensor, fmt: Format, generator, backend: str, stats: bool):
     """``(out, counts)`` by the launch a family kernel prepared for this format and kind of tensor
     (contiguous, of this shape, dtype and device type), or None where it has none: a training
     step's repeated calls skip the format's rule, tile, plan and view (the host path, issue 54)."""
-    hit = _FAST.get((id(fmt), x.shape, x.dtype, x.is_cuda, backend, stats))
+    hit = _FAST.get(_kind(x, fmt, backend, stats))
     if hit is None or hit[0] is not fmt or x.is_meta or not x.is_contiguous():
         return None
     _, stochastic, run = hit
     return run(x.detach() if x.requires_grad else x, device_keys(generator, x.device) if stochastic else None)
 
 
+def _needs_keeping(x: torch.Tensor, fmt: Format, backend: str, stats: bool) -> bool:
+    """Whether a family kernel should prepare a launch for ``x``'s kind: none kept yet, and room."""
+    hit = _FAST.get(_kind(x, fmt, backend, stats))
+    return (hit is None or hit[0] is not fmt) and len(_FAST) < _FAST_MAX
+
+
 def _keep(x: torch.Tensor, fmt: Format, backend: str, stats: bool, stochastic: bool, run) -> None:
     """Keep ``run(x, keys) -> (out, counts)`` for ``_fast``: tensors like ``x`` in ``fmt``."""
-    if len(_FAST) < _FAST_MAX:
-        _FAST[(id(fmt), x.shape, x.dtype, x.is_cuda, backend, stats)] = (fmt, stochastic, run)
+    _FAST[_kind(x, fmt, backend, stats)] = (fmt, stochastic, run)
 
 
 def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: bool):
@@ -323,7 +334,7 @@ def element_rule(x: torch.Tensor, fmt: Format, generator, backend: str, stats: b
         zero = torch.zeros(2, dtype=torch.int64, device=x.device)
         return x.detach().clone(), (zero if stats else None)
     out, counts = run_rule(x32, rule, tile, keys, stats, backend)
-    if x32.dtype == x.dtype:
+    if x32.dtype == x.dtype and _needs_keeping(x, fmt, backend, stats):
         _prepare(x, fmt, rule, tile, backend, stats)
     return (out if x.dtype == torch.float32 else out.to(x.dtype)), (counts if stats else None)
 
