@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .formats import Format
-from .kernels import DrawnKeys, draw_keys, format_json, needs_keys, parse_format, quantize
+from .kernels import DrawnKeys, format_json, needs_keys, op_keys, parse_format, quantize
 from .kernels import op_args
 from .kernels.runtime import kernel_for
 from .precision import Hadamard
@@ -106,7 +106,7 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
     ``backend`` as ``bfp.quantize``'s). While torch.compile traces (or for a
     tensor subclass) it is one op, ``torch.ops.bfp.hadamard_quantize``."""
     if type(t) is not torch.Tensor or torch.compiler.is_compiling():
-        keys = draw_keys(generator, t.device) if needs_keys(fmt) else None
+        keys = op_keys(generator, t) if needs_keys(fmt) else None
         return hadamard_quantize(t, rht.block, rht.seed, format_json(fmt), keys)
     return _transform_quantize(t, rht, fmt, generator, backend)
 
@@ -132,6 +132,11 @@ def _check_op(t, block, fmt: str, keys):
     op_args.tensor(t, "the tensor of hadamard_quantize", min_dim=2)  # the transform mixes rows (dim -2)
     op_args.keys(keys)
     return op_args.parsed(fmt, "fmt", parse_format)
+
+
+if torch.distributed.is_available():  # tensor parallelism: the transform mixes rows, so on whole tensors
+    from .kernels.sharding import replicate_all
+    replicate_all(torch.ops.bfp.hadamard_quantize.default)
 
 
 @hadamard_quantize.register_fake

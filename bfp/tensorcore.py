@@ -269,6 +269,11 @@ def fused_bmm_op(a: torch.Tensor, b: torch.Tensor, acc: str, backend: str) -> to
     return _fused_bmm(a, b, op_args.parsed(acc, "acc", _accumulator, "json.dumps(acc.to_dict())"), backend)
 
 
+if torch.distributed.is_available():  # tensor parallelism: one accumulation chain over all of K, whole tensors
+    from .kernels.sharding import replicate_all
+    replicate_all(torch.ops.bfp.fused_bmm.default)
+
+
 @fused_bmm_op.register_fake
 def _(a, b, acc, backend):
     _check_operands(a, b, backend)

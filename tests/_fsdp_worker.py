@@ -156,9 +156,11 @@ def ag_reference(fmt: str, world: int, param_dtype: str = "float32", order: str 
     return data_parallel(m.to(dtype), world, lambda gs: (gs[0].float() + gs[1].float()) / 2, weights, start)
 
 
-def tensor_parallel(preset: str, out: str) -> None:
+def tensor_parallel(presets: str, out: str) -> None:
     """A converted MLP with its middle GEMMs column- then row-parallel (``parallelize_module``) on this
-    rank's mesh; rank 0 saves the output and gradients, and the unparallelized model's, for the test."""
+    rank's mesh, for each of the comma-separated ``presets`` in turn in this one process (a sharding
+    decision DTensor caches for one format must not be reused for the next); rank 0 saves each preset's
+    output and gradients, and the unparallelized model's, for the test."""
     import copy
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -167,21 +169,33 @@ def tensor_parallel(preset: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        torch.manual_seed(0)
-        m = bfp.convert(nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32),
-                                      nn.Linear(32, 4)), preset, example_input=torch.randn(2, 8))
-        ref = copy.deepcopy(m)
         mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
-        parallelize_module(m, mesh, {"1": ColwiseParallel(), "3": RowwiseParallel()})
-        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
-        got, want = m(x), ref(x)
-        got.square().sum().backward()
-        want.square().sum().backward()
-        grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
-                 for n, p in m.named_parameters()}
+        saved = {}
+        for preset in presets.split(","):
+            torch.manual_seed(0)
+            m = bfp.convert(nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32),
+                                          nn.Linear(32, 4)), preset, example_input=torch.randn(2, 8))
+            ref = copy.deepcopy(m)
+            parallelize_module(m, mesh, {"1": ColwiseParallel(), "3": RowwiseParallel()})
+            x = torch.randn(6, 8, generator=torch.Generator().manual_seed(2))
+            torch.manual_seed(1)  # the same stochastic-rounding draws for both models
+            got = m(x)
+            got.square().sum().backward()
+            torch.manual_seed(1)
+            want = ref(x)
+            want.square().sum().backward()
+            grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad)
+                     for n, p in m.named_parameters()}
+            saved[preset] = {"got": got.detach(), "want": want.detach(), "grads": grads,
+                             "ref_grads": {n: p.grad for n, p in ref.named_parameters()}}
+        from torch.distributed.tensor import Shard, distribute_tensor
+        from bfp.formats import format_from_name
+        w = torch.randn(64, 32, generator=torch.Generator().manual_seed(3)) * 2.0 ** -8
+        saved["zero_setting"] = {name: (bfp.zero_setting_error(distribute_tensor(w, mesh, [Shard(0)]), f),
+                                        bfp.zero_setting_error(w, f))
+                                 for name in ("e4m3", "fb16", "nvfp4") for f in [format_from_name(name)]}
         if int(os.environ["RANK"]) == 0:
-            torch.save({"got": got.detach(), "want": want.detach(), "grads": grads,
-                        "ref_grads": {n: p.grad for n, p in ref.named_parameters()}}, out)
+            torch.save(saved, out)
     finally:
         dist.destroy_process_group()
 

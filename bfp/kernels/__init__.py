@@ -19,13 +19,14 @@ from typing import Optional
 import torch
 
 from ..formats import Format
-from .dispatch import DrawnKeys, check_history, delayed, draw_keys, format_json, needs_keys, parse_format, quantize_stats
+from .dispatch import (DrawnKeys, check_history, check_history_values, delayed, draw_keys, format_json,
+                       needs_keys, op_keys, parse_format, quantize_stats)
 from . import p3109  # noqa: F401  (registers the P3109 family's rule)
 if torch.distributed.is_available():
     from . import sharding  # noqa: F401  (the format op's DTensor sharding rules)
 
-__all__ = ["quantize", "quantize_stats", "zero_setting_error", "DrawnKeys", "draw_keys", "format_json", "needs_keys",
-           "parse_format"]
+__all__ = ["quantize", "quantize_held", "quantize_stats", "zero_setting_error", "DrawnKeys", "draw_keys", "op_keys",
+           "check_history", "check_history_values", "format_json", "needs_keys", "parse_format"]
 
 
 def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
@@ -56,6 +57,17 @@ def quantize(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generato
     the values are the same bits either way. A ``meta`` tensor gives an empty
     ``meta`` tensor of its shape.
     """
+    if isinstance(fmt, Format) and fmt.history_length and isinstance(state, torch.Tensor):
+        check_history_values(fmt, state, x)  # where a history enters; a layer's own were checked on load
+    return quantize_held(x, fmt, generator=generator, backend=backend, state=state, update_state=update_state)
+
+
+def quantize_held(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Generator] = None,
+                  backend: Optional[str] = None, state: Optional[torch.Tensor] = None,
+                  update_state: bool = False) -> torch.Tensor:
+    """``quantize`` with a ``state`` its holder keeps and checked where it entered (a quantized
+    layer's amax history: ``load_state_dict`` refuses non-finite ones, the kernels never record one):
+    its values are not read on the host at every call."""
     if isinstance(fmt, Format) and fmt.history_length:
         if state is None or not isinstance(state, torch.Tensor) or state.numel() != fmt.history_length:
             raise ValueError(f"{fmt!r} is delayed scaling: its amax history is state of a quantized layer's "
@@ -89,11 +101,14 @@ def zero_setting_error(x: torch.Tensor, fmt: Format, *, generator: Optional[torc
     divided by all elements, so sparse tensors such as ReLU outputs looked
     better than they were). Returns 0.0 for a tensor with no nonzero element.
     Counted by the same kernels as ``quantize``, on ``x``'s device; only the
-    two counts travel to the host. A ``meta`` tensor has no values to count: ValueError.
+    two counts travel to the host (a DTensor's: summed over its shards). A ``meta`` tensor has no
+    values to count: ValueError.
     """
     if isinstance(x, torch.Tensor) and x.device.type == "meta":
         raise ValueError(f"zero_setting_error needs values; a meta tensor (shape {tuple(x.shape)}) has "
                          f"only a shape")
     _, counts = quantize_stats(x, fmt, generator=generator, stats=True)
+    if type(counts) is not torch.Tensor and hasattr(counts, "full_tensor"):  # a DTensor's: summed over its shards
+        counts = counts.full_tensor()
     nonzero, zeroed = counts.tolist()
     return zeroed / nonzero if nonzero else 0.0

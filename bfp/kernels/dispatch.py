@@ -121,7 +121,7 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # eager: no dispatcher in the way
         hit = _fast(x, fmt, generator, backend, stats)
         return hit if hit is not None else kernel_for(fmt)(x, fmt, generator, backend, stats)
-    keys = _draw(generator, x.device) if needs_keys(fmt) else None  # the one draw, taken before the op
+    keys = op_keys(generator, x) if needs_keys(fmt) else None  # the one draw, taken before the op
     out, counts = quantize_format(x, format_json(fmt), keys, stats, backend)
     return out, (counts if stats else None)
 
@@ -157,6 +157,30 @@ def parse_format(text: str) -> Format:
 draw_keys = _draw  # the one draw of stochastic-rounding keys a call takes (a CPU generator's on the CPU)
 
 
+def op_keys(generator: Optional[torch.Generator], x: torch.Tensor) -> torch.Tensor:
+    """The one draw an op on ``x`` takes, as the op's argument: for a DTensor ``x`` (tensor
+    parallelism), the keys as a DTensor replicated on its mesh, since a DTensor op takes no plain
+    tensor (every rank draws the same keys from a generator seeded alike, as a run's are)."""
+    keys = _draw(generator, x.device)
+    mesh = dtensor_mesh(x)
+    if mesh is not None and type(keys) is torch.Tensor:
+        from torch.distributed.tensor import DTensor, Replicate
+        keys = DTensor.from_local(keys, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return keys
+
+
+def dtensor_mesh(x: torch.Tensor):
+    """``x``'s device mesh if it is a DTensor, else None."""
+    return getattr(x, "device_mesh", None) if type(x) is not torch.Tensor else None
+
+
+def replicated_like(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out``, computed from ``x``'s whole tensor, as a DTensor replicated on ``x``'s mesh."""
+    from torch.distributed.tensor import DTensor, Replicate
+    mesh = x.device_mesh
+    return DTensor.from_local(out, mesh, [Replicate()] * mesh.ndim, run_check=False)
+
+
 @torch.library.custom_op("bfp::quantize_format", mutates_args=())
 def quantize_format(x: torch.Tensor, fmt: str, keys: Optional[torch.Tensor], stats: bool,
                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,6 +214,8 @@ def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, upda
     torch.compile traces (or for a tensor subclass) it is one op, ``torch.ops.bfp.quantize_delayed``,
     which mutates ``history``."""
     backend = backend_for(x, backend)
+    if dtensor_mesh(x) is not None:  # tensor parallelism: the amax of the whole tensor, one history on every rank
+        return replicated_like(delayed(x.detach().full_tensor(), fmt, history, generator, update, backend), x)
     if type(x) is not torch.Tensor or torch.compiler.is_compiling():
         keys = _draw(generator, x.device) if needs_keys(fmt) else None
         # detached: an op that mutates cannot carry an autograd formula; bfp.quantize's straight-through
@@ -241,6 +267,24 @@ def check_history(fmt: Scaled, history) -> None:
             if isinstance(history, torch.Tensor) else type(history).__name__
         raise ValueError(f"{fmt!r} is delayed scaling: its state (the amax history) must be a float32 tensor of "
                          f"shape ({n},), newest first; got {got}")
+
+
+def check_history_values(fmt: Scaled, history: torch.Tensor, x: Optional[torch.Tensor] = None) -> None:
+    """Where a history enters (``bfp.quantize(state=...)``, a layer's ``load_state_dict``): its amaxes
+    are finite and not negative, since an Inf would make every scale 0 and every output NaN, and a
+    NaN would be ignored by the maximum. A ``meta`` history has shapes only: it rounds ``meta``
+    tensors (shape inference, nothing moves) and is refused for a tensor with values."""
+    if history.device.type == "meta":
+        if x is not None and x.device.type != "meta":
+            raise ValueError(f"{fmt!r} is delayed scaling: its amax history is a meta tensor (a shape, no "
+                             f"values) and rounds only meta tensors; got a {x.device.type} tensor. Load or "
+                             f"move the history to that device first (model.to(device), load_state_dict)")
+        return
+    bad = ~torch.isfinite(history) | (history < 0)
+    if bool(bad.any()):
+        raise ValueError(f"{fmt!r} is delayed scaling: its amax history must hold finite amaxes >= 0; got "
+                         f"{history[bad].tolist()[:4]} at positions {bad.nonzero().flatten().tolist()[:4]} "
+                         f"(the amax of a step counts finite values only)")
 
 
 def _check_delayed(x, fmt: str, history, keys, backend: str) -> Scaled:
