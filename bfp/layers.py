@@ -26,6 +26,7 @@ from torch import Tensor
 
 from . import functional as bfpF
 from .formats import Format, format_from_name
+from .kernels import check_history_values
 from .precision import LayerPrecision
 
 __all__ = ["QConv1d", "QConv2d", "QLinear", "QTransposedLinear", "QMatmul", "Matmul", "CONVERTIBLE",
@@ -72,6 +73,37 @@ class _QuantizedMixin:
             buf = self._buffers.get(name)
             if buf is None or buf.numel() != n or buf.is_meta:
                 self.register_buffer(name, torch.zeros(n, dtype=torch.float32, device=dev))
+
+    def _apply(self, fn, recurse=True):
+        """``nn.Module._apply`` (``.to``, ``.cuda``, ``.half`` ...), except that the amax histories stay
+        float32 whatever dtype the parameters take (``model.to(torch.bfloat16)``): they move to the new
+        device with their values exactly."""
+        kept = {n: b for n, b in self._buffers.items() if n.startswith("amax_history_") and b is not None}
+        out = super()._apply(fn, recurse)
+        for name, old in kept.items():
+            new = self._buffers.get(name)
+            if new is not None and new.dtype != torch.float32:
+                self._buffers[name] = old.to(device=new.device)
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """``nn.Module``'s, refusing an amax history that is not float32 values >= 0, finite (an Inf
+        would make every output NaN; a NaN would be ignored): the error names the entry."""
+        for point, fmt in self.precision.formats().items():
+            saved = state_dict.get(f"{prefix}amax_history_{point}")
+            if fmt is None or not fmt.history_length or not isinstance(saved, Tensor):
+                continue
+            problem = f"an amax history is float32, got {saved.dtype}" if saved.dtype != torch.float32 else None
+            try:
+                check_history_values(fmt, saved)
+            except ValueError as e:
+                problem = problem or str(e)
+            if problem is not None:  # reported by load_state_dict; the layer's own history is kept
+                error_msgs.append(f"{prefix}amax_history_{point}: {problem}")
+                state_dict[f"{prefix}amax_history_{point}"] = self.amax_history(point)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def amax_history(self, point: str) -> Tensor:
         """The amax history of ``point``'s delayed scaling (created if missing)."""

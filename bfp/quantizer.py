@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .formats import Format, Rounding
-from .kernels import quantize, quantize_stats
+from .kernels import quantize, quantize_held, quantize_stats
 
 # quantizer(point, tensor, fmt) -> new tensor
 Quantizer = Callable[[str, Tensor, Format], Tensor]
@@ -35,8 +35,8 @@ def round_at(layer, point: str, t: Tensor, fmt: Format, stats: bool = True) -> t
     layer would. A stateful format (delayed scaling) rounds with the layer's history at ``point``
     and, in training, moves it, as the layer itself would."""
     if fmt is not None and fmt.history_length:  # the format keeps state: the layer holds it
-        return quantize(t, fmt, generator=layer.generator, state=layer.format_state(point),
-                        update_state=layer.training), None
+        return quantize_held(t, fmt, generator=layer.generator, state=layer.format_state(point),
+                             update_state=layer.training), None
     if not stats:
         return quantize(t, fmt, generator=getattr(layer, "generator", None)), None
     return quantize_stats(t, fmt, generator=getattr(layer, "generator", None), stats=True)

@@ -51,13 +51,15 @@ def test_forward_copies_serve_the_backward_points_bit_for_bit(monkeypatch, twice
     for layer in _q_layers(hooked):
         layer.quantize_hook = _pass_through
     calls = {"n": 0}
-    real = bfp.quantizer.quantize
 
-    def counting(*a, **k):
-        calls["n"] += 1
-        return real(*a, **k)
+    def counting(real):
+        def call(*a, **k):
+            calls["n"] += 1
+            return real(*a, **k)
+        return call
 
-    monkeypatch.setattr(bfp.quantizer, "quantize", counting)
+    for name in ("quantize", "quantize_held"):  # a rounding without state, and one with a layer's history
+        monkeypatch.setattr(bfp.quantizer, name, counting(getattr(bfp.quantizer, name)))
     g = torch.Generator().manual_seed(1)
     opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.05) for m in (plain, hooked)}
     counts = {}
