@@ -6,7 +6,10 @@
     python tests/_dist_worker.py cifar ARGS_JSON   cifar.py runs (a JSON list of argument lists), in turn;
                                                    an item {"copy_run": [SRC, DST]} makes rank 0 copy a run
                                                    directory without its last.pt (to resume an earlier epoch);
-                                                   {"task": NAME, "argv": [...]} runs another script (imagenet);
+                                                   {"task": NAME, "argv": [...]} runs another script (imagenet),
+                                                   with "expect": STATUS a run that must end with that status;
+                                                   {"edit_checkpoint": [SRC, DST, HOW]} makes rank 0 write SRC
+                                                   edited (HOW: "drop_model_entry", "optimizer_shape") to DST;
                                                    {"record": DIR} makes every rank save DIR/rank<r>.pt after
                                                    the next run (``Recorder``: what rank 0's logs cannot show);
                                                    with "overflow_at": [RANK, STEP] that rank's loss is
@@ -229,8 +232,14 @@ def main() -> int:
         if isinstance(argv, dict) and "record" in argv:
             recorder.start(argv["record"], argv.get("overflow_at"))
             continue
+        expect = 0
         if isinstance(argv, dict) and "task" in argv:
-            task, argv = argv["task"], argv["argv"]
+            task, argv, expect = argv["task"], argv["argv"], argv.get("expect", 0)
+        elif isinstance(argv, dict) and "edit_checkpoint" in argv:
+            if e.rank == 0:
+                edit_checkpoint(*argv["edit_checkpoint"])
+            dist.barrier()
+            continue
         elif isinstance(argv, dict):
             src, dst = argv["copy_run"]
             if e.rank == 0:
@@ -242,9 +251,25 @@ def main() -> int:
             task = "cifar"
         status = run_task(task, argv)
         recorder.save()
-        if status:
-            return status
+        if status != expect:
+            print(f"_dist_worker: the run ended with status {status}, expected {expect}", flush=True)
+            return status or 1
     return 0
+
+
+def edit_checkpoint(src: str, dst: str, how: str) -> None:
+    """A checkpoint edited as a user might, written by the project's own writer (CRC and all)."""
+    from bfp.engine import checkpoint
+    state = checkpoint.load(src)
+    if how == "drop_model_entry":
+        del state["model"][next(iter(state["model"]))]
+    elif how == "optimizer_shape":
+        entry = next(iter(state["optimizer"]["state"].values()))
+        entry["momentum_buffer"] = torch.zeros(5123)
+    else:
+        raise ValueError(how)
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.save(state, dst)
 
 
 if __name__ == "__main__":

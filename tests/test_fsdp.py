@@ -26,7 +26,7 @@ def _env(world):
                 OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 
 
-def _launch(args, out, world=2, ranks=True):
+def _launch(args, out, world=2, ranks=True, timeout=240):
     """``_fsdp_worker.py ARGS`` as ``world`` gloo ranks (or, ``ranks=False``, one process with the same
     threads: a reference); its saved file, loaded."""
     env, n = _env(world), world if ranks else 1
@@ -34,7 +34,7 @@ def _launch(args, out, world=2, ranks=True):
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(n)]
     try:
-        outs = [p.communicate(timeout=240)[0] for p in procs]
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -108,14 +108,28 @@ def test_converting_a_sharded_model_is_refused_saying_to_convert_first(preset):
     assert "convert first, then shard" in out
 
 
-@pytest.mark.parametrize("preset", ["any_FB16", "any_mxfp8", "any_nvfp4", "any_fp8_e4m3"])
-def test_tensor_parallel_layers_round_as_the_whole_tensor(preset, tmp_path):
-    """Column- then row-parallel GEMMs of a converted MLP (issue 55, item 1: the op had no sharding
-    rule). Block and scaled formats are rounded on the whole weight (the rules redistribute a shard
-    across a block's axis): output and gradients equal the unparallelized model's bit for bit. An
-    element-wise format keeps the row-parallel shard, whose partial GEMMs are summed across ranks as
-    tensor parallelism always does: equal within float32's last bits there, exactly elsewhere."""
-    d = _launch(["--tp", preset, tmp_path / "tp.pt"], tmp_path / "tp.pt")
+# One process runs the presets in turn: an element-wise format first, whose decision to keep a shard
+# must not be reused for the block and scaled formats after it on tensors of the same shapes.
+TP_PRESETS = ["any_fp8_e4m3", "any_FB16", "any_mxfp8", "any_nvfp4", "any_fp8_tensorwise", "any_nvfp4_recipe",
+              "any_fp8_delayed", "any_fp8_h100"]
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tp") / "tp.pt"
+    return _launch(["--tp", ",".join(TP_PRESETS), out], out, timeout=480)
+
+
+@pytest.mark.parametrize("preset", TP_PRESETS)
+def test_tensor_parallel_layers_round_as_the_whole_tensor(preset, tensor_parallel_runs):
+    """Column- then row-parallel GEMMs of a converted MLP, one preset of each family (stochastic,
+    delayed, Hadamard and fused-accumulator ones included), all in one process after one another.
+    Block, scaled, stochastic and delayed roundings, the Hadamard transform and the fused GEMM are
+    computed on the whole tensor (their rules redistribute to ``Replicate``): output and gradients
+    equal the unparallelized model's bit for bit. A deterministic element-wise format keeps the
+    row-parallel shard, whose partial GEMMs are summed across ranks as tensor parallelism always does:
+    equal within float32's last bits there, exactly elsewhere."""
+    d = tensor_parallel_runs[preset]
     exact = preset != "any_fp8_e4m3"
     assert torch.equal(d["got"], d["want"]) if exact else torch.allclose(d["got"], d["want"], rtol=1e-5, atol=1e-6)
     for n, g in d["grads"].items():
@@ -123,6 +137,12 @@ def test_tensor_parallel_layers_round_as_the_whole_tensor(preset, tmp_path):
             assert torch.equal(g, d["ref_grads"][n]), n
         else:
             assert torch.allclose(g, d["ref_grads"][n], rtol=1e-5, atol=1e-6), n
+
+
+def test_zero_setting_error_of_a_sharded_tensor_counts_every_shard(tensor_parallel_runs):
+    """A DTensor's counts are its shards' summed: the share equals the whole tensor's."""
+    for name, (got, want) in tensor_parallel_runs["zero_setting"].items():
+        assert got == want and want > 0, name
 
 
 def test_the_rules_shard_only_where_a_shard_rounds_as_the_whole():
@@ -301,8 +321,15 @@ def test_cifar_py_fsdp_trains_as_ddp_with_the_same_rounded_reduction(tiny_args, 
     out = launch(["cifar", json.dumps([tiny_args(*common, "--fsdp", "True", "--run-name", "fsdp"),
                                        tiny_args(*common, "--run-name", "ddp"),
                                        {"copy_run": [str(runs / "fsdp"), str(copy)]},
-                                       ["--resume", str(copy / "checkpoints" / "epoch_001.pt"), "--progress", "False"]
+                                       ["--resume", str(copy / "checkpoints" / "epoch_001.pt"), "--progress", "False"],
+                                       *refused_resumes(copy / "checkpoints" / "epoch_001.pt"),
+                                       *refused_resumes(runs / "ddp" / "checkpoints" / "epoch_001.pt"),
                                        ])], timeout=400)[0]
+    # an edited checkpoint is refused before the first step, by DDP and FSDP alike, naming the entry
+    assert out.count("does not fit the model built from its flags (ValueError: the model's state does not fit "
+                     "the model: missing entries conv1.weight)") == 2, out[-3000:]
+    assert out.count("the optimizer's 'momentum_buffer' of conv1.weight is float32 [5123]; the parameter is "
+                     "float32 [") == 2, out[-3000:]
     assert "FSDP2 (fully_shard per block and the root)" in out, out[-3000:]
     metrics = {n: [(r["train_loss"], r["test_loss"], r["test_acc1"]) for r in
                    map(json.loads, (runs / n / "metrics.jsonl").read_text().splitlines())] for n in ("fsdp", "ddp")}
@@ -325,6 +352,18 @@ def test_cifar_py_fsdp_trains_as_ddp_with_the_same_rounded_reduction(tiny_args, 
           "--grad-format", "e5m2", "--run-dir", str(tmp_path / "lm")]
     out = launch(["cifar", json.dumps([{"task": "lm", "argv": lm}])], timeout=400)[0]
     assert "weights all-gathered in Float(e8m7" in out and "epoch 1/1" in out, out[-3000:]
+
+
+def refused_resumes(checkpoint):
+    """Runs of the distributed worker that resume ``checkpoint`` edited (a model entry dropped; a
+    momentum buffer of another shape) and must end with exit status 2."""
+    items = []
+    for how in ("drop_model_entry", "optimizer_shape"):  # each in a run directory of its own, as a branch
+        run = checkpoint.parent.parent
+        edited = run.with_name(f"{run.name}_{how}") / "checkpoints" / checkpoint.name
+        items += [{"edit_checkpoint": [str(checkpoint), str(edited), how]},
+                  {"task": "cifar", "argv": ["--resume", str(edited), "--progress", "False"], "expect": 2}]
+    return items
 
 
 def ddp_params(state):

@@ -10,6 +10,7 @@
     redact      whole-token masking of secrets in what a run writes
     step        one training step (the strategy a Trainer is given)
     trainer     the Trainer
+    state_fit   whether a saved model and optimizer state fits the run, entry by entry
     plots       loss/accuracy curves of runs (draw_curve.py)
     skipped_images  the count of unreadable images the loaders skipped, each epoch
 

@@ -30,6 +30,7 @@ from . import checkpoint_set
 from .callbacks import Callback, CallbackList
 from .compiled import Compiler, check_compile_mode
 from .logs import RunLog
+from .state_fit import check_state_fits
 from .ranks import broadcast_buffers, is_main, sum_over_ranks
 from .lr_thirds import SCHEDULES, make_schedule
 from .schedule import EpochPlan
@@ -373,7 +374,10 @@ class Trainer:
         return {"model": model, "optimizer": optimizer}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a run; the model must already be converted with ``state['network_config']``."""
+        """Restore a run; the model must already be converted with ``state['network_config']``. The
+        model's and optimizer's states are checked entry by entry first (``state_fit``): one that does
+        not fit is refused before anything is loaded."""
+        check_state_fits(self.model, self.optimizer, state["model"], state["optimizer"])
         load = getattr(self.step, "load_full_state", None)
         if load is not None:  # --fsdp: each rank takes its shards of the whole state
             load(self.model, self.optimizer, state["model"], state["optimizer"])
