@@ -145,3 +145,38 @@ def test_nodes_outside_the_tree_order_are_refused(capsys):
         err = capsys.readouterr().err
         assert "--nodes 3 places the workers on nodes for --grad-order nccl-tree only" in err
         assert "Traceback" not in err
+
+
+def test_a_peer_dying_during_resume_is_a_failed_collective_not_a_checkpoint_that_does_not_fit(monkeypatch,
+                                                                                               tmp_path):
+    """The ranks load their shards with collectives: when a peer dies then, the error is the
+    collective's (exit 4's message), never the advice that the checkpoint does not fit."""
+    import pytest
+    import torch.distributed as dist
+    from bfp.cli import resume
+    from bfp.cli.flags import UsageError
+    from bfp.cli.peers import peer_failure
+
+    class Trainer:
+        epochs = 2
+
+        def __init__(self, error):
+            self.error = error
+
+        def load_state_dict(self, state):
+            raise self.error
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    STATE = {"epoch": 1, "global_step": 4}
+    died = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40113")
+    with pytest.raises(RuntimeError) as got:
+        resume.load_state(Trainer(died), STATE, tmp_path / "last.pt")
+    assert got.value is died and not isinstance(got.value, UsageError)
+    assert peer_failure(died).startswith("rank 1 of 2: a collective failed ([gloo/transport/tcp/pair.cc:534] "
+                                         "Connection closed by peer")
+    # the negative control: a state that does not fit is still named as one
+    with pytest.raises(UsageError, match="does not fit the model built from its flags .*size mismatch"):
+        resume.load_state(Trainer(RuntimeError("Error(s) in loading state_dict: size mismatch for fc.weight")), STATE,
+                          tmp_path / "last.pt")

@@ -27,6 +27,7 @@ from ..data.fingerprint import differences
 from ..engine import checkpoint as ckpt
 from ..engine import checkpoint_set
 from ..engine.schedule import EpochPlan
+from .peers import peer_failure
 from .flags import UsageError, build_parser, flag_name, str2bool
 from .tasks import Task
 
@@ -238,10 +239,18 @@ def load_state(trainer, state: dict[str, Any], path: Path) -> None:
     try:
         trainer.load_state_dict(state)
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+        if collective_failed(e):  # a peer died while the ranks loaded their shards: not the checkpoint's fault
+            raise
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()][:3]  # torch: a title, then each key
         detail = f"missing entry {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {' '.join(lines)}"
         raise UsageError(f"--resume {path}: the checkpoint does not fit the model built from its flags "
                          f"({detail}); was it written by another bfpsim version or edited?") from None
+
+
+def collective_failed(e: BaseException) -> bool:
+    """Whether ``e`` is a failed collective (a peer died, froze or cannot be reached), which the
+    command line reports as one (exit 4), never as a checkpoint that does not fit."""
+    return isinstance(e, RuntimeError) and peer_failure(e) is not None
 
 
 def saved_flags(path: Path, state: dict[str, Any]) -> dict[str, Any]:
