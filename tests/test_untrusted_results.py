@@ -59,6 +59,19 @@ def _both_commits(value):
     (lambda d: d.update(mean_bits="8"), "mean_bits is '8', not null or a number in"),
     (lambda d: d["epochs"][0].update(train_loss="abc"), "epoch 1's train_loss is 'abc', not a number"),
     (lambda d: d.update(skipped_steps=-1), "skipped_steps is -1, not an integer >= 0"),
+    (lambda d: d["epochs"].extend(dict(d["epochs"][-1], epoch=i) for i in range(3, 60000)),
+     "it records 60000 epochs, but its command asks for --training-epochs 3"),
+    (lambda d: [a.__setitem__(a.index("--training-epochs") + 1, "60000") for a in
+                (d["command"], d["invocations"][0]["argv"])],
+     "it records 3 epochs, but its command asks for --training-epochs 60000"),
+    (lambda d: d["command"].append("--lr"), "its command is not the argv its first invocation ran"),
+    (lambda d: d["epochs"][1].update(epoch=7), "its epochs are numbered [0, 7, 2], not 0 to 2"),
+    (lambda d: d.update(steps=10**6), "steps is 1000000, but its last epoch ended at step"),
+    (lambda d: [a.__setitem__(a.index("--seed") + 1, "5") for a in (d["command"], d["invocations"][0]["argv"])],
+     "seed is 0, but its command has --seed 5"),
+    (lambda d: d.update(claim="beats fp32"), "its claim is 'beats fp32', but cifar10-table's row says"),
+    (lambda d: d.update(setup="one epoch on a laptop"), "its setup is 'one epoch on a laptop', but "
+                                                        "cifar10-table's profile says"),
 ])
 def test_each_field_is_checked_and_named(table, capsys, change, why):
     _edit(table / "fp32.json", change)
@@ -110,8 +123,9 @@ def test_verify_says_and_records_when_the_rerun_read_other_data(table, tmp_path,
     prof = matrix.profile("full", "cifar10-table")
 
     def rerun(tbl, row, prof, data, res_dir, runs_dir, epochs):  # the same numbers, from the other folder
-        results.write_json(dict(recorded, command=matrix.command(row, prof, data, str(runs_dir), epochs)),
-                           res_dir / f"{row.name}.json")
+        command = matrix.command(row, prof, data, str(runs_dir), epochs)
+        invocations = [dict(recorded["invocations"][0], argv=command)]
+        results.write_json(dict(recorded, command=command, invocations=invocations), res_dir / f"{row.name}.json")
         return True
     monkeypatch.setattr(runner, "run_row", rerun)
     row = next(r for r in matrix.table("cifar10-table") if r.name == "fp32")

@@ -12,7 +12,12 @@ verdict or a subprocess:
   invocation's and ``citable`` is what the invocations say (one clean commit), not what the file says;
 * every accuracy is a finite number from 0 to 100, losses are numbers, times, counts, threads and
   seeds are non-negative, ``mean_bits`` is null or in (0, 64], ``machine``/``versions`` are objects;
-* ``final_top1``/``best_top1`` are the last and best epoch's.
+* ``final_top1``/``best_top1`` are the last and best epoch's;
+* what the file claims agrees with its own command and with its table (``agrees``): as many epochs,
+  numbered from 0, as the command's ``--training-epochs``, ``steps`` the last epoch's step, ``seed``
+  the command's, ``command`` the first invocation's argv; the row is one of the table's, with its
+  claim and words, the profile's setup and script, and (for the published ``full`` profile) its
+  epoch count.
 
 A file that fails is a ``ResultError`` naming the file and the field.
 """
@@ -23,6 +28,7 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from . import matrix
 from .spread import seed_key
 
 COMMIT = re.compile(r"[0-9a-f]{40}(\+dirty)?")
@@ -135,4 +141,43 @@ def check(doc: Any, path: Path, table: Optional[str] = None, profile: Optional[s
     bits = doc.get("mean_bits")
     if bits is not None and not (is_number(bits) and math.isfinite(bits) and 0 < bits <= 64):
         raise bad(f"mean_bits is {bits!r}, not null or a number in (0, 64]")
+    agrees(doc, bad, table, profile)
     return doc
+
+
+def _flag(argv: list[str], flag: str) -> Optional[str]:
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def agrees(doc: dict, bad, table: Optional[str], profile: Optional[str]) -> None:
+    """The file's fields agree with its command and with its table's row and profile (module
+    docstring); ``bad(why)`` is the error to raise."""
+    command, epochs = doc["command"], doc["epochs"]
+    inv = doc["invocations"]
+    if inv and inv[0].get("argv") != command:
+        raise bad("its command is not the argv its first invocation ran")
+    want = _flag(command, "--training-epochs")
+    if want is None or not want.isdigit() or int(want) != len(epochs):
+        raise bad(f"it records {len(epochs)} epochs, but its command asks for --training-epochs {want}")
+    numbers = [e.get("epoch") for e in epochs]
+    if numbers != list(range(len(epochs))):
+        raise bad(f"its epochs are numbered {numbers[:5]}{' ...' if len(numbers) > 5 else ''}, not 0 to "
+                  f"{len(epochs) - 1}")
+    if doc["steps"] != epochs[-1].get("global_step", doc["steps"]):
+        raise bad(f"steps is {doc['steps']}, but its last epoch ended at step {epochs[-1].get('global_step')}")
+    if str(doc["seed"]) != (_flag(command, "--seed") or "0"):
+        raise bad(f"seed is {doc['seed']}, but its command has --seed {_flag(command, '--seed') or '0 (none given)'}")
+    if table not in matrix.TABLES or profile not in matrix.TABLE_PROFILES.get(table, {}):
+        return
+    rows = {r.name: r for r in matrix.TABLES[table]}
+    row, prof = rows.get(doc["base_row"]), matrix.TABLE_PROFILES[table][profile]
+    if row is None:
+        raise bad(f"its row {doc['base_row']!r} is not a row of {table} (rows: {', '.join(rows)})")
+    for key, mine in (("claim", row.claim), ("words", row.words), ("setup", prof.about)):
+        if doc.get(key) != mine:
+            raise bad(f"its {key} is {doc.get(key)!r}, but {table}'s {'row' if key != 'setup' else 'profile'} "
+                      f"says {mine!r}")
+    if not command or command[0] != prof.script:
+        raise bad(f"its command runs {command[0] if command else None!r}, but {table} runs {prof.script}")
+    if profile == "full" and len(epochs) != prof.epochs:
+        raise bad(f"it records {len(epochs)} epochs, but {table}'s {profile} profile trains {prof.epochs}")
