@@ -140,3 +140,25 @@ def test_the_loss_scaler_skips_a_step_whose_reduced_sum_overflows(tiny_args, tmp
     with watching(flag):  # the reduction reports a partial sum beyond e5m2's 57344, not only a worker's value
         RoundedReduce(format_from_name("e5m2"), order="sequential", average=False)(torch.full((2, 3), 40000.0))
     assert bool(flag.pop()) and flag.pop() is None
+
+
+@pytest.mark.parametrize("flags, what", [
+    (["--mode", "generate-config", "--config-out", "gen.json"], "--mode generate-config"),
+    (["--mode", "diagnose"], "--mode diagnose"),
+    (["--compare", "True"], "--compare"),
+])
+def test_one_process_modes_are_refused_under_a_launcher_by_rank_0_alone(tiny_args, monkeypatch, capsys, tmp_path,
+                                                                          flags, what):
+    from bfp.cli import cifar as main
+    monkeypatch.chdir(tmp_path)
+    for rank in (0, 1):
+        for k, v in dict(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999").items():
+            monkeypatch.setenv(k, v)
+        assert main(tiny_args("--bfp", "any_FB16", *flags)) == 2
+        err = capsys.readouterr().err
+        assert (f"{what} runs in one process; this one is rank 0 of 2 (RANK/WORLD_SIZE)" in err) == (rank == 0), err
+    assert not (tmp_path / "gen.json").exists()
+    for k in ("RANK", "WORLD_SIZE"):  # the control: one process, the mode runs
+        monkeypatch.delenv(k)
+    if what == "--mode generate-config":
+        assert main(tiny_args("--bfp", "any_FB16", *flags)) == 0 and (tmp_path / "gen.json").exists()

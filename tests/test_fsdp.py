@@ -377,6 +377,11 @@ def ddp_params(state):
     (["--fsdp", "True", "--do", "Simple/0.1/0.2/0/1"], "--fsdp does not combine with --do yet (dynamic precision"),
     (["--fsdp", "True", "--emulate-node", "2"], "--fsdp shards over processes, one worker each"),
     (["--fsdp", "True"], "--fsdp shards the model over processes: launch with torchrun"),
+    (["--fsdp", "True", "--bucket-cap-mb", "1"], "--bucket-cap-mb 1.0 sizes DDP's gradient buckets; --fsdp"),
+    (["--fsdp", "True", "--param-comm-format", "p3109_k8p4se_sr"],
+     "--param-comm-format p3109_k8p4se_sr: each rank rounds its own shard before the all-gather, so the rounding "
+     "must be deterministic"),
+    (["--fsdp", "True", "--param-comm-format", "nvfp4_sr"], "--param-comm-format nvfp4_sr: FSDP gathers one flat"),
 ])
 def test_fsdp_flags_are_refused_where_they_cannot_work(tiny_args, capsys, flags, message):
     from bfp.cli import cifar as main

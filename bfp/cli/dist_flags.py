@@ -68,8 +68,9 @@ def add_distributed_flags(p: argparse.ArgumentParser, boolean: dict) -> None:
     g.add_argument("--fsdp", **boolean, default=False,
                    help="under torchrun: shard the model with PyTorch's FSDP2 (fully_shard per block, then the "
                         "root) instead of DDP; the gradient flags round its reduce-scatter (docs/distributed.md). "
-                        "Checkpoints, resume, -tc precision changes, --do, --diagnose, --compile and --cuda-graph "
-                        "are not available with it yet")
+                        "It saves checkpoints of the whole model and resumes them (--resume); -tc precision "
+                        "changes, --do, --diagnose, --shadow, --grad-histogram, --compile, --cuda-graph, "
+                        "--emulate-node and --bucket-cap-mb do not combine with it yet")
     g.add_argument("--param-comm-format", default=None, metavar="NAME",
                    help="--fsdp: round each rank's weight shards to this element-wise format (e4m3, bfloat16 ...) "
                         "before FSDP all-gathers them; the layers compute on the gathered values")

@@ -29,6 +29,7 @@ from ..distributed.orders import NcclOptions
 from ..distributed.reduce import RoundedReduce, check_grad_format
 from ..engine.step import PlainStep
 from ..formats import Float, Format, format_from_name
+from ..kernels import needs_keys
 from ..optim import FACTORIES, OptimizerFactory, lars
 from .flags import UsageError
 
@@ -84,6 +85,11 @@ def param_comm_format(args: argparse.Namespace) -> Optional[Format]:
     if not fmt.elementwise:
         raise UsageError(f"--param-comm-format {args.param_comm_format}: FSDP gathers one flat buffer of every "
                          f"parameter's shard; give an element-wise format (e4m3, e5m2, bfloat16, float16 ...)")
+    if needs_keys(fmt) or fmt.history_length:
+        raise UsageError(f"--param-comm-format {args.param_comm_format}: each rank rounds its own shard before "
+                         f"the all-gather, so the rounding must be deterministic (stochastic rounding would draw "
+                         f"per shard, not per weight); give a round-to-nearest format (e4m3, e5m2, bfloat16, "
+                         f"p3109_k8p4se ...)")
     return fmt
 
 

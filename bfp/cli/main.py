@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from ..distributed import env as dist_env
 from ..engine.checkpoint import CheckpointError
 from ..engine.trainer import NonFiniteTraining
 from . import plot
@@ -53,6 +54,9 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         if status is not None:
             return status
         mode = spec.args.mode
+        refused = one_process_only(spec.args, prog)
+        if refused is not None:
+            return refused
         run = (generate_config if mode == "generate-config" else diagnose if mode == "diagnose" else
                sweep_mode if mode == "sweep" else evaluate if task.hooks.evaluate_only(spec.args) else
                compare if spec.args.compare else train)
@@ -81,6 +85,27 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def one_process_only(args, prog: str) -> Optional[int]:
+    """Exit status 2 for a mode that runs in one process (``--mode generate-config``, ``--mode
+    diagnose``, ``--compare``) started by a launcher (torchrun, srun): every rank would write the
+    same file and print its own table. Rank 0 alone says so; None when the run may go on."""
+    what = (f"--mode {args.mode}" if args.mode in ("generate-config", "diagnose") else
+            "--compare" if getattr(args, "compare", None) else None)
+    if what is None:
+        return None
+    try:
+        launched = dist_env.read_env()
+    except dist_env.DistEnvError:
+        launched = None
+    if launched is None or not launched.distributed:
+        return None
+    if launched.rank == 0:
+        print(f"{prog}: error: {what} runs in one process; this one is rank {launched.rank} of "
+              f"{launched.world_size} ({launched.source}), and every rank would write the same outputs. "
+              f"Run it as one process, without the launcher", file=sys.stderr, flush=True)
+    return 2
 
 
 USAGE = f"""usage: bfp COMMAND [ARGS]

@@ -25,6 +25,7 @@ import numba
 
 from ..engine.schedule import EpochPlan
 from ..optim import check_hyperparam
+from .dist_run import param_comm_format
 from .flags import UsageError
 from .resume import Checkpoint, apply_resume
 from .tasks import Task
@@ -128,6 +129,7 @@ def check_fsdp(args: argparse.Namespace, plan: EpochPlan) -> None:
         raise UsageError(f"--param-comm-format {pcf} rounds FSDP's weight all-gather: add --fsdp")
     if not fsdp:
         return
+    param_comm_format(args)  # a format the rounded all-gather takes, refused here with the reason
     given = [k for k in _NOT_WITH_FSDP if getattr(args, k, None)]
     if args.compile != "none":
         given.append("compile")
@@ -138,6 +140,9 @@ def check_fsdp(args: argparse.Namespace, plan: EpochPlan) -> None:
     if args.emulate_node != 1:
         raise UsageError(f"--fsdp shards over processes, one worker each; --emulate-node {args.emulate_node} "
                          f"emulates workers inside one process: leave one out")
+    if getattr(args, "bucket_cap_mb", None) is not None:
+        raise UsageError(f"--bucket-cap-mb {args.bucket_cap_mb} sizes DDP's gradient buckets; --fsdp reduce-scatters "
+                         f"each block's gradients as one, which it does not change: leave one out")
     if [e for e in plan.precision if e != 0]:
         raise UsageError("--fsdp: the -tc plan changes the network config during the run; a sharded model is "
                          "converted once, before fully_shard: use one config (--bfp)")
