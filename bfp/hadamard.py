@@ -104,23 +104,36 @@ def transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format,
     draws from ``generator``; where ``fusable``, one kernel that never writes the transformed
     tensor (Numba on the CPU, ``numba_cpu/nvfp4_rht``; Triton on CUDA, ``triton_cuda/hadamard``;
     ``backend`` as ``bfp.quantize``'s). While torch.compile traces (or for a
-    tensor subclass) it is one op, ``torch.ops.bfp.hadamard_quantize``."""
+    tensor subclass) it is one op, ``torch.ops.bfp.hadamard_quantize``. ``t`` has 2 or more
+    dimensions (the transform mixes its rows, dim -2): a 1-D tensor is a ValueError."""
+    op_args.tensor(t, "the tensor of transform_quantize", min_dim=2)
     if type(t) is not torch.Tensor or torch.compiler.is_compiling():
         keys = op_keys(generator, t) if needs_keys(fmt) else None
-        return hadamard_quantize(t, rht.block, rht.seed, format_json(fmt), keys)
+        return _hadamard_quantize(t, rht.block, rht.seed, format_json(fmt), keys)
     return _transform_quantize(t, rht, fmt, generator, backend)
 
 
 def _transform_quantize(t: torch.Tensor, rht: Hadamard, fmt: Format, generator, backend: Optional[str] = None
                         ) -> torch.Tensor:
+    t = op_args.values(t)
     fused = kernel_for("hadamard_nvfp4", t, backend) if fusable(t, rht, fmt) else None
     if fused is None:
         return quantize(transform_rows(t, rht, backend), fmt, generator=generator, backend=backend)
     return fused(t, factor(rht, device=t.device), fmt, generator, lambda: transform_rows(t, rht, backend))
 
 
+def hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor] = None
+                      ) -> torch.Tensor:
+    """``torch.ops.bfp.hadamard_quantize`` with its arguments checked first: ``block`` and ``seed``
+    as ``Hadamard`` takes them (a seed in [0, 2**63), which the op's int64 holds), a ValueError
+    naming the bad one (torch's own argument parser would only say it is not an int)."""
+    Hadamard(block, seed)
+    return _hadamard_quantize(t, block, seed, fmt, keys)
+
+
 @torch.library.custom_op("bfp::hadamard_quantize", mutates_args=())
-def hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor]) -> torch.Tensor:
+def _hadamard_quantize(t: torch.Tensor, block: int, seed: int, fmt: str, keys: Optional[torch.Tensor]
+                       ) -> torch.Tensor:
     """``transform_quantize`` as an op: the transform ``Hadamard(block, seed)``, the format as
     ``bfp.kernels.format_json``, ``keys`` the stochastic draw (or None)."""
     f = _check_op(t, block, fmt, keys)
@@ -139,7 +152,7 @@ if torch.distributed.is_available():  # tensor parallelism: the transform mixes 
     replicate_all(torch.ops.bfp.hadamard_quantize.default)
 
 
-@hadamard_quantize.register_fake
+@_hadamard_quantize.register_fake
 def _(t, block, seed, fmt, keys):
     _check_op(t, block, fmt, keys)
     rows = t.shape[-2]  # the transform pads the rows to whole blocks

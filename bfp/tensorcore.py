@@ -249,6 +249,7 @@ def _accumulator_json(acc: "FusedAccumulator") -> str:
 
 def _fused_bmm(a: torch.Tensor, b: torch.Tensor, acc: "FusedAccumulator", backend: str) -> torch.Tensor:
     _check_operands(a, b, backend)
+    a, b = op_args.values(a), op_args.values(b)
     if a.dtype != torch.float32:  # float16/bfloat16 values: float32 holds them exactly
         a, b = a.float(), b.float()
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:

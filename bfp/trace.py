@@ -15,8 +15,8 @@ first reaches it:
               as ``matmul<i>``
 ``unsupported``  another GEMM-like op in a module's own forward (``einsum``, ``addmm`` and
               ``addmm_``, ``baddbmm``, ``torch.linalg.matmul``, ``dot``/``vdot``/``inner``/
-              ``linalg.vecdot``, ``F.linear``/``F.conv*``/``conv_tbc`` called directly, ...): it
-              stays FP32, the conversion report says so and ``strict`` refuses it
+              ``linalg.vecdot``, ``outer``/``ger``/``addr``, ``F.linear``/``F.conv*``/``conv_tbc`` called
+              directly, ...): it stays FP32, the conversion report says so and ``strict`` refuses it
 ``recurrent``  a call of ``nn.LSTM``/``GRU``/``RNN`` or a cell, whose GEMMs run inside one fused
               op: FP32, reported and refused under ``strict`` like ``unsupported``
 ============  ====================================================================================
@@ -65,8 +65,11 @@ _UNSUPPORTED.update({f: name for name, f in (
     ("smm", getattr(Tensor, "smm", None)), ("hspmm", getattr(torch, "hspmm", None)),
     ("sspaddmm", getattr(torch, "sspaddmm", None)), ("sspaddmm", getattr(Tensor, "sspaddmm", None)),
     ("chain_matmul", getattr(torch.linalg, "chain_matmul", None))) if f is not None})
+# Outer products: a GEMM with K = 1 (torch.ger is outer's old name; addr adds one to a matrix).
+_UNSUPPORTED.update({torch.outer: "outer", Tensor.outer: "outer", torch.ger: "ger", Tensor.ger: "ger",
+                     torch.addr: "addr", Tensor.addr: "addr"})
 # In-place forms (a.addmm_(b, c)) are the same products.
-_UNSUPPORTED.update({getattr(Tensor, f"{n}_"): n for n in ("addmm", "baddbmm", "addbmm", "addmv")})
+_UNSUPPORTED.update({getattr(Tensor, f"{n}_"): n for n in ("addmm", "baddbmm", "addbmm", "addmv", "addr")})
 # Modules whose forward runs its GEMMs inside one fused op, out of any hook's reach: recorded as
 # unsupported GEMMs of that module (an LSTM's input and hidden products, per layer and direction).
 RECURRENT = (nn.RNNBase, nn.RNNCellBase)

@@ -162,3 +162,17 @@ def test_training_with_the_fused_kernel_equals_the_two_steps(monkeypatch):
     torch.manual_seed(0)
     steps = _grads(p, x, w, g)
     assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(fused, steps))  # no kernel call more
+
+
+def test_a_1d_tensor_and_a_seed_past_int64_are_refused_naming_them():
+    from bfp.hadamard import hadamard_quantize, transform_quantize
+    from bfp.kernels import format_json
+    fmt = format_from_name("e4m3")
+    with pytest.raises(ValueError, match=r"the tensor of transform_quantize .*2"):
+        transform_quantize(torch.randn(16), Hadamard(16, 0), fmt)
+    with pytest.raises(ValueError, match=r"Hadamard seed must be an integer in \[0, 2\*\*63\), got "
+                                         r"1180591620717411303424"):
+        hadamard_quantize(torch.randn(4, 16), 16, 2 ** 70, format_json(fmt))
+    x = torch.randn(4, 16)  # the control: in range, the op and the function agree
+    assert torch.equal(hadamard_quantize(x, 16, 2 ** 63 - 1, format_json(fmt)),
+                       transform_quantize(x, Hadamard(16, 2 ** 63 - 1), fmt))

@@ -139,3 +139,22 @@ def test_torchscript_submodules_are_refused_with_a_bfp_message():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert isinstance(model[1], torch.jit.ScriptModule)  # nothing was swapped
+
+
+@pytest.mark.parametrize("op", [lambda a, b: torch.outer(a, b), lambda a, b: a.outer(b), lambda a, b: torch.ger(a, b),
+                                lambda a, b: torch.addr(torch.zeros(a.numel(), b.numel()), a, b)])
+def test_strict_refuses_an_outer_product(op):
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return op(self.fc(x)[0], x[0])
+    x = torch.randn(2, 4)
+    with pytest.raises(ConfigError, match=r"strict coverage: 1 GEMM\(s\) .*(outer|ger|addr) in \(model\): .* has no "
+                                          r"quantized twin"):
+        convert(Outer(), CFG, example_input=x, strict=True)
+    with pytest.warns(UserWarning):
+        model = convert(Outer(), CFG, example_input=x)
+    assert "1 of 2 GEMMs quantized" in conversion_report(model)

@@ -118,6 +118,7 @@ def quantize_stats(x: torch.Tensor, fmt: Format, *, generator: Optional[torch.Ge
     _check(x, fmt)
     op_args.generator(generator)
     backend = backend_for(x, backend)
+    x = op_args.values(x)
     if type(x) is torch.Tensor and not torch.compiler.is_compiling():  # eager: no dispatcher in the way
         hit = _fast(x, fmt, generator, backend, stats)
         return hit if hit is not None else kernel_for(fmt)(x, fmt, generator, backend, stats)
@@ -214,6 +215,7 @@ def delayed(x: torch.Tensor, fmt: Scaled, history: torch.Tensor, generator, upda
     torch.compile traces (or for a tensor subclass) it is one op, ``torch.ops.bfp.quantize_delayed``,
     which mutates ``history``."""
     backend = backend_for(x, backend)
+    x = op_args.values(x)
     if dtensor_mesh(x) is not None:  # tensor parallelism: the amax of the whole tensor, one history on every rank
         return replicated_like(delayed(x.detach().full_tensor(), fmt, history, generator, update, backend), x)
     if type(x) is not torch.Tensor or torch.compiler.is_compiling():

@@ -30,6 +30,13 @@ def tensor(x, what: str, dtypes=FLOAT_DTYPES, min_dim: int = 0) -> None:
         raise ValueError(f"{what} must have at least {min_dim} dimensions, got shape {tuple(x.shape)}")
 
 
+def values(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with its values in memory: a negative view (``torch._neg_view(x)``, PyTorch's lazy
+    negation, whose memory holds ``x`` and whose sign is a flag) materialized, since the kernels read
+    the memory; any other tensor as it is (no copy)."""
+    return x.resolve_neg() if x.is_neg() else x
+
+
 def keys(k: Optional[torch.Tensor]) -> None:
     """The stochastic-rounding draw: None or an int64 tensor of two keys."""
     if k is None:

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..reference import ZERO_EXP, operand_exponents
+from . import launcher
 
 ZERO = tl.constexpr(ZERO_EXP)  # a kernel reads only constexpr globals
 
@@ -137,9 +138,9 @@ def fused_bmm(a: torch.Tensor, b: torch.Tensor, acc, chains: list[tuple[int, int
     t = acc.terms
     bm = bn = 16 if t <= 16 else 8
     grid = (nb, -(-m // bm), -(-n // bn))
-    _fused[grid](a, b, ea, eb, out, bounds, len(chains), m, n, k, T=t, BM=bm, BN=bn, ALIGN_EMIN=acc.align_emin,
-                 ALIGN_BITS=acc.align_bits, ALIGN_NEAREST=acc.align_rounding == "nearest", SUM_BITS=acc.sum_bits,
-                 SUM_EMIN=acc.sum_emin, SUM_NEAREST=acc.sum_rounding == "nearest",
-                 ACC_IN_ALIGN=bool(acc.accumulator_in_alignment), OPERAND_EXP=acc.product_exponent == "operands",
-                 enable_fp_fusion=False)
+    launcher.launch(_fused, grid, a, b, ea, eb, out, bounds, len(chains), m, n, k, T=t, BM=bm, BN=bn,
+                    ALIGN_EMIN=acc.align_emin, ALIGN_BITS=acc.align_bits,
+                    ALIGN_NEAREST=acc.align_rounding == "nearest", SUM_BITS=acc.sum_bits, SUM_EMIN=acc.sum_emin,
+                    SUM_NEAREST=acc.sum_rounding == "nearest", ACC_IN_ALIGN=bool(acc.accumulator_in_alignment),
+                    OPERAND_EXP=acc.product_exponent == "operands", enable_fp_fusion=False)
     return out

@@ -29,6 +29,7 @@ from ..nvfp4_codes import E2M1, E4M3
 from ..plan import rule_for
 from .nvfp4 import _bfpsim, _consts
 from .rule import EXP_INF, MAG, rand32
+from . import launcher
 
 W = 64  # columns per program
 
@@ -116,8 +117,8 @@ def transform_rows(t: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     A, Rin, C, nb, ncol, idx64 = _shape(t, block)
     out = torch.empty(*t.shape[:-2], nb * block, C, dtype=torch.float32, device=t.device)
     if out.numel():
-        _rows[(A * nb * ncol,)](t, factor, out, Rin, C, nb, ncol, B=block, LOG2B=block.bit_length() - 1, WC=W,
-                                IDX64=idx64, enable_fp_fusion=False)
+        launcher.launch(_rows, (A * nb * ncol,), t, factor, out, Rin, C, nb, ncol, B=block,
+                        LOG2B=block.bit_length() - 1, WC=W, IDX64=idx64, enable_fp_fusion=False)
     return out
 
 
@@ -140,9 +141,10 @@ def quantize_rows(t: torch.Tensor, factor: torch.Tensor, fmt, keys) -> torch.Ten
     grid = (A * nb * ncol,)
     part = torch.empty(grid[0], dtype=torch.int32, device=t.device)
     log2b = block.bit_length() - 1
-    _amax[grid](t, factor, part, Rin, C, nb, ncol, B=block, LOG2B=log2b, WC=W, IDX64=idx64, enable_fp_fusion=False)
+    launcher.launch(_amax, grid, t, factor, part, Rin, C, nb, ncol, B=block, LOG2B=log2b, WC=W, IDX64=idx64,
+                    enable_fp_fusion=False)
     e2 = rule_for(E2M1[fmt.rounding])
-    _quantize[grid](t, factor, out, t if keys is None else keys, part.amax(), Rin, C, nb, ncol, B=block, LOG2B=log2b,
-                    WC=W, TENSOR_SCALE=fmt.tensor_scale, E4=_consts(rule_for(E4M3)), E2=_consts(e2), MODE=e2.mode,
-                    IDX64=idx64, enable_fp_fusion=False)
+    launcher.launch(_quantize, grid, t, factor, out, t if keys is None else keys, part.amax(), Rin, C, nb, ncol,
+                    B=block, LOG2B=log2b, WC=W, TENSOR_SCALE=fmt.tensor_scale, E4=_consts(rule_for(E4M3)),
+                    E2=_consts(e2), MODE=e2.mode, IDX64=idx64, enable_fp_fusion=False)
     return out

@@ -13,9 +13,16 @@ tensors' dtypes depend on) and the device; only launches whose tensors are all 1
 are cached (what a torch allocation gives; the JIT then specialises on nothing the key does not
 fix), others take ``kernel[grid]`` every time, as do all launches under the interpreter or while
 a launch hook is set (a profiler's).
+
+Triton compiles for and launches on the *current* CUDA device; every launch here (``run``,
+``launch``) first makes its first tensor's device current (``on_device``), so a tensor on
+``cuda:1`` runs on ``cuda:1`` whatever device the caller's code made current.
 """
 from __future__ import annotations
 
+import contextlib
+
+import torch
 from triton import knobs
 from triton.runtime.driver import driver
 
@@ -35,7 +42,26 @@ def _hooked() -> bool:
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
+def on_device(t):
+    """A context in which ``t``'s CUDA device is the current one (nothing for a CPU tensor, which
+    only the interpreter launches)."""
+    d = t.device
+    return torch.cuda.device(d) if d.type == "cuda" else contextlib.nullcontext()
+
+
+def launch(kernel, grid: tuple, *args, **kw):
+    """``kernel[grid](*args, **kw)`` on the device of ``args[0]`` (a tensor), the JIT's own lookup."""
+    with on_device(args[0]):
+        return kernel[grid](*args, **kw)
+
+
 def run(kernel, grid: tuple, tensors: tuple, scalars: tuple, kw: dict, plan_key) -> None:
+    """``_run`` on the device of ``tensors[0]`` (``on_device``)."""
+    with on_device(tensors[0]):
+        _run(kernel, grid, tensors, scalars, kw, plan_key)
+
+
+def _run(kernel, grid: tuple, tensors: tuple, scalars: tuple, kw: dict, plan_key) -> None:
     """``kernel[grid](*tensors, *scalars, **kw)``, through the cached compiled kernel after the
     first call of a plan (``plan_key``: hashable, fixing ``kw``, the scalars and the tensors'
     dtypes). Only launches whose tensors are all 16-byte aligned are cached (the JIT's
