@@ -97,26 +97,35 @@ def _leave(module: nn.Module, args, output) -> None:
     getattr(module, ROUTED).pop().__exit__(None, None, None)
 
 
-_DEPTH_OWNER = "_bfp_depth_owner"  # marks a child's depth hook with the routed module it counts for
+_DEPTH_OWNERS = "_bfp_depth_owners"  # a child's routed parents, in its __dict__ (not a submodule)
+
+
+def _down(child: nn.Module, args) -> None:
+    for owner in child.__dict__.get(_DEPTH_OWNERS, ()):
+        routes = getattr(owner, ROUTED)
+        if routes:
+            routes[-1].enter_child()
+
+
+def _up(child: nn.Module, args, output) -> None:
+    for owner in child.__dict__.get(_DEPTH_OWNERS, ()):
+        routes = getattr(owner, ROUTED)
+        if routes:
+            routes[-1].leave_child()
 
 
 def _count_depth(owner: nn.Module, child: nn.Module) -> None:
     """Hooks on a direct child of ``owner``: while the child runs, ``owner``'s active route lets every
     call through (the child's own products are its own; under torch.compile a child's autograd.Function
     traces its backward, products included, inside the child's forward). Module hooks, not global
-    ones: dynamo traces these."""
-    def down(module, args):
-        routes = getattr(owner, ROUTED)
-        if routes:
-            routes[-1].enter_child()
-
-    def up(module, args, output):
-        routes = getattr(owner, ROUTED)
-        if routes:
-            routes[-1].leave_child()
-    setattr(down, _DEPTH_OWNER, owner)
-    child.register_forward_pre_hook(down)
-    child.register_forward_hook(up, always_call=True)
+    ones: dynamo traces these. The hooks are module-level functions and the owner is found in the
+    child's ``__dict__``: ``copy.deepcopy`` maps it to the copy's owner and pickling keeps it (a
+    closure would keep pointing at the original model's owner)."""
+    owners = child.__dict__.setdefault(_DEPTH_OWNERS, [])
+    if not owners:
+        child.register_forward_pre_hook(_down)
+        child.register_forward_hook(_up, always_call=True)
+    owners.append(owner)
 
 
 def watch_children(model: nn.Module) -> nn.Module:
@@ -125,7 +134,7 @@ def watch_children(model: nn.Module) -> nn.Module:
     for owner in model.modules():
         if hasattr(owner, ROUTED):
             for child in owner.children():
-                if not any(getattr(h, _DEPTH_OWNER, None) is owner for h in child._forward_pre_hooks.values()):
+                if not any(o is owner for o in child.__dict__.get(_DEPTH_OWNERS, ())):
                     _count_depth(owner, child)
     return model
 

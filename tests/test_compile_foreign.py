@@ -1,4 +1,4 @@
-"""torch.compile(fullgraph=True) of converted models nobody here wrote (issue 53, item 6): Hugging Face
+"""torch.compile(fullgraph=True) of converted models nobody here wrote: Hugging Face
 GPT-2, BERT and Llama, timm ViT and ResNet (configs, random init, no downloads), forward and
 backward. AOTAutograd with eager kernels (``aot_eager``) runs the very graphs Inductor would be given,
 so its outputs and gradients must equal eager bit for bit; one model also runs under Inductor
@@ -61,3 +61,29 @@ def test_gpt2_converted_compiles_under_inductor_within_float_reordering():
     y_comp, g_comp = _run(model, x, torch.compile(model, fullgraph=True))
     assert torch.allclose(y_comp, y_eager, rtol=0.05, atol=0.05)
     assert g_comp.keys() == g_eager.keys()
+
+
+def _copies(model, tmp_path):
+    """What users compile besides the converted model itself: a deep copy (an EMA or teacher model,
+    timm's ``ModelEmaV3``), and the whole model saved with ``torch.save`` and loaded again."""
+    timm = pytest.importorskip("timm")
+    torch.save(model, tmp_path / "model.pt")
+    return {"deepcopy": __import__("copy").deepcopy(model),
+            "ema": timm.utils.ModelEmaV3(model, decay=0.5).module,
+            "reloaded": torch.load(tmp_path / "model.pt", weights_only=False)}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "timm_vit_tiny"])
+def test_copies_of_a_converted_model_compile_and_compute_as_the_original(name, tmp_path):
+    model, x = _model(name, "any_fp8_e4m3")
+    y_eager, g_eager = _run(model, x)
+    for how, other in _copies(model, tmp_path).items():
+        assert other is not model
+        torch._dynamo.reset()
+        y_comp, g_comp = _run(other, x, torch.compile(other, backend="aot_eager", fullgraph=True))
+        assert torch.equal(y_comp, y_eager), how
+        assert g_comp.keys() == g_eager.keys() and all(torch.equal(g_comp[k], g_eager[k]) for k in g_eager), how
+        y_copy, _ = _run(other, x)  # eager: the copy's products go through its own layers, not the original's
+        assert torch.equal(y_copy, y_eager), how
+        from bfp.routes import ROUTED
+        assert not any(getattr(m, ROUTED, None) for m in model.modules())  # the original's routes never entered

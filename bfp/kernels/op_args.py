@@ -34,6 +34,8 @@ def values(x: torch.Tensor) -> torch.Tensor:
     """``x`` with its values in memory: a negative view (``torch._neg_view(x)``, PyTorch's lazy
     negation, whose memory holds ``x`` and whose sign is a flag) materialized, since the kernels read
     the memory; any other tensor as it is (no copy)."""
+    if torch.compiler.is_compiling():  # a traced graph is functional: no views' flags reach the kernels
+        return x
     return x.resolve_neg() if x.is_neg() else x
 
 
