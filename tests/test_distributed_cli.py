@@ -162,3 +162,17 @@ def test_one_process_modes_are_refused_under_a_launcher_by_rank_0_alone(tiny_arg
         monkeypatch.delenv(k)
     if what == "--mode generate-config":
         assert main(tiny_args("--bfp", "any_FB16", *flags)) == 0 and (tmp_path / "gen.json").exists()
+
+
+def test_a_finished_run_leaves_its_process_group_before_it_returns(tiny_args, monkeypatch, tmp_path):
+    """Not at exit: a group torn down by the interpreter's exit handlers can race its threads."""
+    import torch.distributed as dist
+    import importlib
+    cli = importlib.import_module("bfp.cli.main")
+
+    def train(spec):  # a run that joined a group (one process, a file store) and finished
+        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+        assert dist.is_initialized()
+    monkeypatch.setattr(cli, "train", train)
+    assert cli.run_task("cifar", tiny_args("--bfp", "any_FB16", "--training-epochs", "1")) == 0
+    assert not dist.is_initialized()

@@ -61,6 +61,7 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
                sweep_mode if mode == "sweep" else evaluate if task.hooks.evaluate_only(spec.args) else
                compare if spec.args.compare else train)
         run(spec)
+        dist_env.shutdown(barrier=True)  # every rank done, then the group torn down before exit
         return 0
     except (UsageError, CheckpointError) as e:
         print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)

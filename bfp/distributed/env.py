@@ -178,8 +178,14 @@ def _wait_notes(done: threading.Event, e: DistEnv, where: str) -> None:
               file=sys.stderr, flush=True)
 
 
-def shutdown() -> None:
+def shutdown(barrier: bool = False) -> None:
+    """Leave the process group (nothing without one). ``barrier``: first wait until every rank is
+    done, so none tears its connections down while a peer still uses them. A finished run calls it
+    before it returns, while the interpreter is whole: a group left to exit-time teardown can race
+    its own threads ('terminate called without an active exception', exit 134)."""
     if dist.is_available() and dist.is_initialized():
+        if barrier and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 
