@@ -202,3 +202,73 @@ def test_prepare_refuses_what_is_not_cifars_archive(tmp_path):
 
 def test_list_needs_no_data():
     assert experiments(["list", "cifar10-table"]) == 0
+
+
+def _jpeg_tree_archive(tmp_path):
+    """A .tar.gz of a small CIFAR-style JPEG class-folder tree (train/ and test/)."""
+    from image_tree import make_tree
+    root = tmp_path / "src" / "mini_jpg"
+    make_tree(root, per_class=4, bad=False)
+    (root / "val").rename(root / "test")
+    archive = tmp_path / "mini-jpg.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(root, arcname="mini_jpg")
+    return archive
+
+
+def test_a_training_run_reads_an_archive_unpacked_once(tmp_path, capsys):
+    from bfp.data import load
+    archive = _jpeg_tree_archive(tmp_path)
+    got = load("CIFAR10", str(archive), num_workers=0, extract_to=str(tmp_path / "data"))
+    assert "unpacking" in capsys.readouterr().out and (tmp_path / "data" / "mini_jpg" / MARKER).is_file()
+    again = load("CIFAR10", str(archive), num_workers=0, extract_to=str(tmp_path / "data"))
+    assert "unpacking" not in capsys.readouterr().out  # reused, by its marker
+    assert got.fingerprint == again.fingerprint and len(got.train.dataset) == 8
+    assert got.classes == ["cat", "dog"]
+
+
+def test_the_cli_takes_an_archive_at_dp(tmp_path, tiny_args, monkeypatch):
+    from bfp.cli import cifar as main
+    archive = _jpeg_tree_archive(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in tiny_args("--training-epochs", "1") if a not in ("digits",)]
+    args[args.index("-d") + 1:args.index("-d") + 1] = ["CIFAR10"]
+    assert main([*args, "-dp", str(archive), "--limit-train-images", "0", "--limit-test-images", "0",
+                 "--batch-size-train", "8"]) == 0
+    assert (tmp_path / "data" / "mini_jpg" / MARKER).is_file()
+
+
+def test_ranks_unpacking_one_archive_at_once_share_the_first_folder(tmp_path, monkeypatch):
+    """Another process renames its copy into place first: this one takes that folder, no error."""
+    import bfp.data.archives as archives
+    archive = _jpeg_tree_archive(tmp_path)
+    real_rename, calls = archives.os.rename, []
+
+    def rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 1:  # the other rank wins the race
+            unpack(archive, tmp_path / "out")
+            raise OSError(39, "Directory not empty")
+        return real_rename(src, dst)
+    monkeypatch.setattr(archives.os, "rename", rename)
+    target = unpack(archive, tmp_path / "out")
+    assert target == tmp_path / "out" / "mini_jpg" and (target / MARKER).is_file()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["mini_jpg"]  # no temporary folder left
+
+
+def test_no_cifar_and_no_network_names_the_offline_ways_in(tmp_path, monkeypatch):
+    import torchvision
+    from bfp.data import DataError, load
+
+    class Offline:  # torchvision's CIFAR10 on a machine without a network
+        base_folder = "cifar-10-batches-py"
+
+        def __init__(self, root, train=True, download=False):
+            if download:
+                raise OSError("<urlopen error [Errno -2] Name or service not known>")
+            raise RuntimeError("Dataset not found or corrupted")
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", Offline)
+    with pytest.raises(DataError, match=r"downloading it failed .* Without a network, give `path` one of: a "
+                                        r"\.tar\.gz of the JPEG class folders .*python -m bfp\.data prepare cifar10 "
+                                        r"--from cifar-10-python\.tar\.gz"):
+        load("CIFAR10", str(tmp_path / "cifar"), num_workers=0)

@@ -176,3 +176,20 @@ def test_a_finished_run_leaves_its_process_group_before_it_returns(tiny_args, mo
     monkeypatch.setattr(cli, "train", train)
     assert cli.run_task("cifar", tiny_args("--bfp", "any_FB16", "--training-epochs", "1")) == 0
     assert not dist.is_initialized()
+
+
+def test_an_error_every_rank_meets_is_printed_by_rank_0_alone(monkeypatch):
+    import importlib
+    from bfp.cli.flags import UsageError
+    cli = importlib.import_module("bfp.cli.main")
+    same, own = UsageError("no data", every_rank=True), UsageError("rank 1 cannot reach rank 0")
+    for env, silent in (({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, True),
+                        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, False),
+                        ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}, False),  # another machine's files
+                        ({}, False)):
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert cli.said_by_rank_0(same) is silent, env
+        assert cli.said_by_rank_0(own) is False

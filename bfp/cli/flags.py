@@ -23,7 +23,13 @@ from .tasks import Task
 
 
 class UsageError(Exception):
-    """A bad flag value, file or combination; reported as one line, exit status 2."""
+    """A bad flag value, file or combination; reported as one line, exit status 2.
+    ``every_rank``: every process of a launch on one machine meets the same error (the data it
+    reads, the flags it was given): only rank 0 prints it."""
+
+    def __init__(self, message: str, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 def str2bool(v: Any) -> bool:

@@ -64,7 +64,8 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
         dist_env.shutdown(barrier=True)  # every rank done, then the group torn down before exit
         return 0
     except (UsageError, CheckpointError) as e:
-        print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)
+        if not said_by_rank_0(e):
+            print(f"{prog}: error: {in_flags(task, e)}", file=sys.stderr)
         return 2
     except OSError as e:
         if e.errno not in WRITE_ERRNOS or not e.filename:
@@ -86,6 +87,17 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+def said_by_rank_0(e: BaseException) -> bool:
+    """Whether another process prints ``e`` for this one: a ``UsageError`` every rank meets alike,
+    on a rank other than 0 of a launch whose processes all run on this machine (torchrun's
+    ``LOCAL_WORLD_SIZE`` equal to ``WORLD_SIZE``: the same files, the same error)."""
+    if not getattr(e, "every_rank", False):
+        return False
+    env = os.environ
+    return env.get("RANK", "0") != "0" and env.get("LOCAL_WORLD_SIZE") is not None \
+        and env.get("LOCAL_WORLD_SIZE") == env.get("WORLD_SIZE")
 
 
 def one_process_only(args, prog: str) -> Optional[int]:

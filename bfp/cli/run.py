@@ -218,7 +218,7 @@ def load_data(args: argparse.Namespace, device: torch.device, task: Optional[Tas
     try:
         return (task or CIFAR).hooks.load_data(args, device, shard)
     except (DataError, FileNotFoundError) as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(str(e), every_rank=True) from None
 
 
 def train_config(args: argparse.Namespace, plan: EpochPlan, device: torch.device) -> TrainConfig:

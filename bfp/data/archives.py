@@ -13,7 +13,13 @@ Files are written by this module from the member's data, never by ``tarfile``'s 
 The archive is unpacked into a temporary sibling folder and renamed into place only when every
 member is written, with a marker (``.bfp-unpacked.json``: the archive's size and SHA-256, the
 member count) inside, so a kill leaves nothing that looks usable: a leftover temporary folder
-(``.TOP.partial-PID``, named literally, of a process that is gone) is removed at the next call, and a folder without a matching marker is refused, never reused.
+(``.TOP.partial-PID``, named literally, of a process that is gone) is removed at the next call,
+and a folder without a matching marker is refused, never reused. Processes unpacking the same
+archive at once (the ranks of one run) each write their own temporary folder; the first rename
+wins and the others take its folder.
+
+``image_folder(arg, extract_to)``: a ``-dp``/``--data`` argument that is an image folder, or an
+archive of one unpacked as above, resolved to the folder holding ``train/`` and ``test/``.
 """
 from __future__ import annotations
 
@@ -25,7 +31,10 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-__all__ = ["ArchiveError", "unpack", "check_members", "MARKER", "remove_dead_partials"]
+__all__ = ["ArchiveError", "unpack", "check_members", "MARKER", "remove_dead_partials", "image_folder",
+           "ARCHIVE_SUFFIXES"]
+
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 
 MARKER = ".bfp-unpacked.json"
 CACHE_DIR = ".bfp-cache"
@@ -124,6 +133,14 @@ def _marker(archive: Path, count: int) -> dict:
     return {"archive": archive.name, "size": archive.stat().st_size, "sha256": _sha256(archive), "members": count}
 
 
+def _unpacked_from(target: Path, want: dict) -> bool:
+    """Whether ``target`` holds the marker of the archive ``want`` describes."""
+    try:
+        return json.loads((target / MARKER).read_text()) == want
+    except (OSError, ValueError):
+        return False
+
+
 def unpack(archive: Path, extract_to: Path) -> Path:
     """The folder ``archive``'s top folder is unpacked to under ``extract_to`` (done once; a folder
     unpacked from this very archive, by its marker, is reused). ``ArchiveError`` names the archive,
@@ -139,11 +156,7 @@ def unpack(archive: Path, extract_to: Path) -> Path:
             remove_dead_partials(extract_to, top)  # a killed earlier unpacking
             want = _marker(archive, len(members))
             if target.exists():
-                try:
-                    have = json.loads((target / MARKER).read_text())
-                except (OSError, ValueError):
-                    have = None
-                if have == want:
+                if _unpacked_from(target, want):
                     return target
                 raise ArchiveError(f"{where}: {str(target)!r} exists but was not unpacked from this archive "
                                    f"(no matching {MARKER}); remove it, or unpack elsewhere")
@@ -160,7 +173,11 @@ def unpack(archive: Path, extract_to: Path) -> Path:
                 _write(tar, members, tmp)
                 (tmp / top).mkdir(exist_ok=True)
                 (tmp / top / MARKER).write_text(json.dumps(want, indent=1))
-                os.rename(tmp / top, target)
+                try:
+                    os.rename(tmp / top, target)
+                except OSError:  # another process (a rank of the same run) put it there first
+                    if not _unpacked_from(target, want):
+                        raise
             except OSError as e:
                 raise ArchiveError(f"the extraction folder {str(extract_to)!r}: unpacking {archive.name} failed "
                                    f"({e.strerror or e})") from None
@@ -171,3 +188,22 @@ def unpack(archive: Path, extract_to: Path) -> Path:
     except OSError as e:  # gzip.BadGzipFile among them
         raise ArchiveError(f"{where}: cannot read it as a .tar.gz/.tar archive ({e.strerror or e})") from None
     return target
+
+
+def image_folder(arg: str, extract_to: Path, flag: str = "--data") -> Path:
+    """``arg`` if it is a folder; a ``.tar.gz``/``.tgz``/``.tar`` is unpacked into ``extract_to``
+    once (``unpack``; reused when already there). The folder with ``train/`` and ``test/`` class
+    folders inside it is returned; ``ArchiveError`` names ``flag`` and what is wrong."""
+    from .folders import find_image_folder
+    p = Path(arg)
+    if not p.exists():
+        raise ArchiveError(f"{flag} {arg!r} does not exist; give the CIFAR-10 JPEG folder (train/ and test/ "
+                           f"class folders) or its .tar.gz")
+    if p.is_file():
+        if not p.name.endswith(ARCHIVE_SUFFIXES):
+            raise ArchiveError(f"{flag} {arg!r} is a file but not a .tar.gz/.tgz/.tar archive")
+        p = unpack(p, extract_to)  # every member checked; renamed into place only when complete
+    found = find_image_folder(p)
+    if found is None:
+        raise ArchiveError(f"{flag} {arg!r} holds no train/ and test/ class folders")
+    return found

@@ -57,6 +57,7 @@ from .augment import KeyedAugment
 from .downloads import removed_on_failure
 from .fingerprint import fingerprint
 from .bundle import DataBundle, DataError, check_global_batch, check_train_size, limit
+from .archives import ARCHIVE_SUFFIXES, ArchiveError, image_folder
 from .folders import find_image_folder, open_folders
 from .loaders import loaders
 from . import decoded, images
@@ -169,7 +170,8 @@ class TensorLoader:
 def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, batch_size_test: int = 256,
          num_workers: int = 2, device: Any = "cpu", gpu_data: bool = False, seed: int = 0,
          channels: int = 3, download: bool = True, limit_train: int = 0, limit_test: int = 0,
-         strict_images: bool = False, rank: int = 0, world: int = 1, workers: int = 0) -> DataBundle:
+         strict_images: bool = False, rank: int = 0, world: int = 1, workers: int = 0,
+         extract_to: str = "data") -> DataBundle:
     """Train/test loaders for dataset ``name`` (see the module docstring).
 
     ``gpu_data``: keep the dataset as a tensor on ``device`` and augment there.
@@ -182,6 +184,8 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
     ``workers``: how many workers the global batch is split over (processes times
     emulated workers; 0: ``world``); with more than one, an incomplete last global
     batch is dropped, since it would not split evenly.
+    ``path`` may be an archive (``.tar.gz``/``.tgz``/``.tar``) of the image folders: it is unpacked
+    once into ``extract_to`` (``bfp.data.archives``: every member checked first) and read from there.
     """
     workers = workers or world
     check_global_batch(batch_size_train, world)
@@ -206,6 +210,11 @@ def load(name: str, path: Optional[str] = None, *, batch_size_train: int = 128, 
                                 batch_size_test, device if gpu_data else "cpu", g, (rank, world), workers)
         bundle.fingerprint = fp
         return bundle
+    if path is not None and Path(path).is_file() and str(path).endswith(ARCHIVE_SUFFIXES):
+        try:  # an archive of the JPEG class folders: unpacked once into extract_to, checked member by member
+            path = str(image_folder(path, Path(extract_to), "`path`"))
+        except ArchiveError as e:
+            raise DataError(str(e)) from None
     # CIFAR named with a path to an image folder (the JPEG CIFAR-10) loads the folder
     folder = name == "imagefolder" or (path is not None and _cifar_files_absent(name, Path(path))
                                        and find_image_folder(Path(path)) is not None)
@@ -279,6 +288,13 @@ def _digits(channels: int):
             [str(c) for c in d.target_names])
 
 
+# What a CIFAR run can read without a network (the end of the error when the download fails).
+OFFLINE = ("a .tar.gz of the JPEG class folders (train/<class>/*.jpg and test/<class>/*.jpg, such as "
+           "cifar10-jpg.tar.gz; unpacked once into data/), such a folder, or torchvision's CIFAR folder. The "
+           "JPEG folders can be made from the CIFAR-10 site's cifar-10-python.tar.gz: python -m bfp.data "
+           "prepare cifar10 --from cifar-10-python.tar.gz --out data/cifar10_jpg")
+
+
 def _cifar(name: str, path: Optional[str], download: bool):
     import torchvision
     root = Path(path or os.path.join("data", name.lower()))
@@ -295,8 +311,8 @@ def _cifar(name: str, path: Optional[str], download: bool):
     except Exception as e:
         raise DataError(f"{name} is not under {str(root)!r} (expected torchvision's "
                         f"{cls.base_folder}/ folder there) and downloading it failed "
-                        f"({type(e).__name__}: {e}). Put the dataset there, or give `path` the "
-                        f"folder where it is.") from None
+                        f"({type(e).__name__}: {e}). Without a network, give `path` one of: "
+                        f"{OFFLINE}") from None
 
 
 def _cifar_files_absent(name: str, root: Path) -> bool:
@@ -309,9 +325,9 @@ def _image_folder(path: Optional[str]):
         raise DataError("`name` imagefolder needs `path` DIR with train/ and test/ class folders")
     root = find_image_folder(Path(path))
     if root is None:
-        if str(path).endswith((".tar.gz", ".tgz", ".tar")):
-            raise DataError(f"{path!r} is an archive; unpack it first (tar xzf {path}) and pass the "
-                            f"directory")
+        if not Path(path).exists():
+            raise DataError(f"{path!r} does not exist; give the folder with train/ and test/ class folders, or "
+                            f"their .tar.gz")
         raise DataError(f"{path!r} is not an image folder: expected {path}/train/<class>/*.jpg and "
                         f"{path}/test/<class>/*.jpg (or val/ for test)")
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"

@@ -22,8 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..data.archives import unpack
-from ..data.folders import find_image_folder
+from ..data.archives import image_folder
 from . import matrix, report, results, reruns, runner, stale
 
 # Hand-written pages with a block rendered from a table's result files (report.splice).
@@ -31,20 +30,9 @@ SPLICED = {"vit-table": "docs/transformers.md", "lm-table": "docs/transformers.m
 
 
 def data_folder(arg: str, extract_to: Path) -> str:
-    """``arg`` if it is a folder; a ``.tar.gz`` is unpacked into ``extract_to`` once
-    (skipped when already there) and the image folder inside it is returned."""
-    p = Path(arg)
-    if not p.exists():
-        raise ValueError(f"--data {arg!r} does not exist; give the CIFAR-10 JPEG folder (train/ and test/ "
-                         f"class folders) or its .tar.gz")
-    if p.is_file():
-        if not p.name.endswith((".tar.gz", ".tgz", ".tar")):
-            raise ValueError(f"--data {arg!r} is a file but not a .tar.gz/.tgz/.tar archive")
-        p = unpack(p, extract_to)  # every member checked; renamed into place only when complete
-    found = find_image_folder(p)
-    if found is None:
-        raise ValueError(f"--data {arg!r} holds no train/ and test/ class folders")
-    return str(found)
+    """``--data``: an image folder, or its archive unpacked into ``extract_to`` once
+    (``bfp.data.archives.image_folder``); ValueError naming the flag."""
+    return str(image_folder(arg, extract_to, "--data"))
 
 
 def writable_dir(path: Path, flag: str) -> Path:
