@@ -204,7 +204,8 @@ def build_parser(task: Task) -> argparse.ArgumentParser:
     g.add_argument("--diagnose-out", default=None, metavar="PNG",
                    help="--mode diagnose/sweep: the PNG's path (default: diagnose.png or sweep.png in the "
                         "--resume run directory, else in the current directory)")
-    g.add_argument("--progress", **b, default=True, help="tqdm progress bar")
+    g.add_argument("--progress", **b, default=True, help="a tqdm bar on a terminal; without one (a pipe, a log file, nohup) a line a minute with "
+                        "the speed and the time left; on both, once, an estimate of the run's length")
     g.add_argument("--config-out", default=None,
                    help="generate-config: output path (default conf_net/<model>_generated.json)")
     g.add_argument("--overwrite", **b, default=False,

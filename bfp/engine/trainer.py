@@ -30,6 +30,7 @@ from . import checkpoint_set
 from .callbacks import Callback, CallbackList
 from .compiled import Compiler, check_compile_mode
 from .logs import RunLog
+from .progress import ProgressLines
 from .state_fit import check_state_fits
 from .ranks import broadcast_buffers, is_main, sum_over_ranks
 from .lr_thirds import SCHEDULES, make_schedule
@@ -138,6 +139,7 @@ class Trainer:
         self.epoch = 0          # epoch being trained (0-based); == epochs when done
         self.global_step = 0    # optimizer steps taken
         self.best_acc = 0.0
+        self._estimated = [False]  # the run's length is estimated once (bfp.engine.progress)
         self.history: list[dict[str, float]] = []
 
         self.optimizer = optimizer_factory(self.model.parameters(), config)
@@ -279,6 +281,10 @@ class Trainer:
         n_seen, n_items, loss_sum = 0, 0, torch.zeros((), device=self.device)
         correct = torch.zeros(2, dtype=torch.long, device=self.device)
         bar = _progress(loader, f"epoch {epoch + 1}/{self.epochs}", self.cfg.progress)
+        steps = len(loader) if not self.cfg.max_steps else \
+            max(1, min(len(loader), self.cfg.max_steps - self.global_step))
+        lines = ProgressLines(self.log, epoch, self.epochs, steps, self.cfg.sample_unit, self.epochs - epoch,
+                              self._estimated, enabled=self.cfg.progress and is_main())
         t0 = time.perf_counter()
         for i, (x, y) in enumerate(bar):
             x = x.to(self.device, non_blocking=True)
@@ -292,6 +298,7 @@ class Trainer:
             n_seen += len(y)
             n_items += y.numel()  # images, or tokens for a language model's (N, T) targets
             self.callbacks.call("on_batch_end", self, self.global_step)
+            lines.step(i + 1, n_items)
             if self.cfg.max_steps and self.global_step >= self.cfg.max_steps:
                 break
             if bar is not loader and (i % 10 == 0 or i == len(loader) - 1):  # .item() syncs: not every step

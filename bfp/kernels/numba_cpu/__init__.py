@@ -8,3 +8,7 @@ blocked Hadamard transform, alone and fused into NVFP4), ``fused.py`` (tensor-co
 ``pages.py`` (huge pages for large fresh outputs). Callers reach them through
 ``bfp.kernels.runtime.kernel(entry, "cpu")``, never by name.
 """
+from .compile_notice import install as _install_notice
+
+_install_notice()  # one line on stderr when a kernel compiles (not when it loads from the cache)
+
