@@ -98,3 +98,16 @@ def test_mx_element_max_is_the_elements_largest_magnitude_before_the_scale():
     assert MX("int8").element_max == 127 / 64
     assert format_from_name("mxfp8_e4m3").element_max == 448.0
     assert format_from_name("mxfp4_e2m1").element_max == 6.0
+
+
+def test_every_float_has_its_e_m_name():
+    from bfp.formats import Encoding, Rounding
+    assert format_from_name("e3m0") == Float(3, 0)
+    assert format_from_name("e5m10") == Float(5, 10) and format_from_name("E8M7") == Float(8, 7)
+    assert format_from_name("e1m2") == Float(1, 2, encoding=Encoding.FINITE)
+    assert format_from_name("e8m7_sr") == Float(8, 7, rounding=Rounding.STOCHASTIC)
+    assert format_from_name("e3m0_tr") == Float(3, 0, rounding=Rounding.TRUNCATE)
+    assert format_from_name("e4m3") == Float(4, 3, encoding=Encoding.FN)  # the OCP alias keeps its encoding
+    for bad in ("e9m1", "e4m24", "e0m3"):
+        with pytest.raises(ValueError, match=f"unknown format name '{bad}'.*any e<E>m<M>"):
+            format_from_name(bad)

@@ -16,7 +16,9 @@ PKG = Path(__file__).resolve().parents[1] / "bfp"
 LIBRARY = [p for p in sorted(PKG.rglob("*.py")) if p.relative_to(PKG).parts[0] not in ("cli", "experiments")
            and p.name != "__main__.py"]  # a package's __main__ is a command line of its own
 # The one command line below bfp.cli: python -m bfp.dynamic's own name and description.
-NOT_MESSAGES = {("dynamic/report.py", "python -m bfp.dynamic"), ("dynamic/report.py", "Tools for dynamic precision runs (--do).")}
+# Not messages naming a script's flags: commands of other tools (python -m ...) and a docstring.
+NOT_MESSAGES = {("dynamic/report.py", "python -m bfp.dynamic"), ("dynamic/report.py", "Tools for dynamic precision runs (--do)."),
+                ("data/cifar.py", __import__("bfp.data.cifar", fromlist=["OFFLINE"]).OFFLINE)}
 
 
 def options(task):

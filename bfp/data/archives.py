@@ -31,6 +31,8 @@ import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+from .folders import find_image_folder
+
 __all__ = ["ArchiveError", "unpack", "check_members", "MARKER", "remove_dead_partials", "image_folder",
            "ARCHIVE_SUFFIXES"]
 
@@ -190,11 +192,10 @@ def unpack(archive: Path, extract_to: Path) -> Path:
     return target
 
 
-def image_folder(arg: str, extract_to: Path, flag: str = "--data") -> Path:
+def image_folder(arg: str, extract_to: Path, flag: str = "`path`") -> Path:
     """``arg`` if it is a folder; a ``.tar.gz``/``.tgz``/``.tar`` is unpacked into ``extract_to``
     once (``unpack``; reused when already there). The folder with ``train/`` and ``test/`` class
     folders inside it is returned; ``ArchiveError`` names ``flag`` and what is wrong."""
-    from .folders import find_image_folder
     p = Path(arg)
     if not p.exists():
         raise ArchiveError(f"{flag} {arg!r} does not exist; give the CIFAR-10 JPEG folder (train/ and test/ "

@@ -28,7 +28,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -179,20 +179,50 @@ class PointDiagnostics:
                 for k in keys]
 
 
-def measure_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                 diag: Optional[PointDiagnostics] = None) -> list[dict[str, Any]]:
+def measure_step(model: torch.nn.Module, x: Any, y: Optional[torch.Tensor] = None,
+                 diag: Optional[PointDiagnostics] = None, *,
+                 loss_fn: Optional[Callable[[Any, Optional[torch.Tensor]], torch.Tensor]] = None
+                 ) -> list[dict[str, Any]]:
     """One forward and backward pass of ``model`` on a batch, measured by ``diag`` (a fresh
-    ``PointDiagnostics`` by default; no optimizer step; the gradients it leaves are zeroed)."""
+    ``PointDiagnostics`` by default; no optimizer step; the gradients it leaves are zeroed).
+
+    ``x`` is the input (a dict is passed as keyword arguments: a Hugging Face batch with
+    ``input_ids``, ``attention_mask``, ``labels`` ...). The loss is ``loss_fn(output, y)`` when
+    given; otherwise ``default_loss``: an output's own ``.loss`` (a Hugging Face model given
+    labels), else the cross-entropy of its ``.logits`` or of the output tensor against ``y``,
+    a sequence model's ``(N, T, V)`` against ``(N, T)`` flattened."""
     diag = diag or PointDiagnostics(model)
     model.train()
     diag.arm()
     try:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
+        out = model(**x) if isinstance(x, dict) else model(x)
+        loss = (loss_fn or default_loss)(out, y)
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise TypeError(f"measure_step: the loss must be a one-element tensor, got {got}")
+        loss.reshape(()).backward()
     finally:
         rows = diag.disarm()
         model.zero_grad(set_to_none=True)
     return rows
+
+
+def default_loss(out: Any, y: Optional[torch.Tensor]) -> torch.Tensor:
+    """``measure_step``'s loss when none is given (its docstring); a TypeError says what to pass
+    for an output it cannot read."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    logits = getattr(out, "logits", out)
+    if isinstance(logits, (tuple, list)) and logits and isinstance(logits[0], torch.Tensor):
+        logits = logits[0]  # a model returning (logits, ...)
+    if not isinstance(logits, torch.Tensor) or y is None:
+        raise TypeError(f"measure_step: cannot take a loss from a {type(out).__name__} output"
+                        f"{' without targets y' if y is None else ''}; pass loss_fn=lambda out, y: ... (a "
+                        f"one-element tensor), or targets y for the output's logits")
+    if logits.dim() == y.dim() + 1 and logits.dim() > 2:  # (N, T, V) against (N, T)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+    return torch.nn.functional.cross_entropy(logits.float(), y)
 
 
 def _fmt(v, spec: str, width: int) -> str:

@@ -1,7 +1,8 @@
 """The low-precision gradient all-reduce as a DDP communication hook.
 
-``ddp.register_comm_hook(RoundedHookState(reduce), rounded_allreduce_hook)``
-replaces DDP's float32 all-reduce of each gradient bucket by
+``ddp.register_comm_hook(RoundedHookState(reduce), rounded_allreduce_hook)`` (or
+``install_rounded_hook(ddp, reduce)``, which checks the model and returns the state) replaces
+DDP's float32 all-reduce of each gradient bucket by
 ``bfp.distributed.reduce.RoundedReduce``. The ``ring`` order runs as a ring
 (``bfp.distributed.ring``: reduce-scatter and all-gather over point-to-point
 messages, ``2 (W-1)/W`` of the bucket sent per rank). The ``sequential`` order
@@ -66,11 +67,40 @@ class RoundedHookState:
     reduce: RoundedReduce
     group: Optional[Any] = None
     bytes_sent: int = 0  # by the ring, over the run (the gather's traffic is not counted)
+    calls: int = 0  # buckets reduced, over the run: 0 after a step means the hook never ran
+
+
+def install_rounded_hook(ddp: Any, reduce: RoundedReduce, group: Optional[Any] = None) -> RoundedHookState:
+    """Register ``rounded_allreduce_hook`` on ``ddp`` (a ``DistributedDataParallel``) on any device,
+    and return its state (``state.calls`` counts the buckets it reduced). A model that is not a DDP
+    module, or one with a communication hook already (DDP takes one), is a ValueError saying so."""
+    from torch.nn.parallel import DistributedDataParallel
+    if not isinstance(ddp, DistributedDataParallel):
+        raise ValueError(f"the rounded all-reduce replaces DistributedDataParallel's, but the model is a "
+                         f"{type(ddp).__name__}: run with 2 or more processes under DDP (torchrun), or emulate "
+                         f"workers in one process (bfp.distributed.emulated)")
+    state = RoundedHookState(reduce, group)
+    try:
+        ddp.register_comm_hook(state, rounded_allreduce_hook)
+    except RuntimeError as e:
+        raise ValueError(f"DDP already has a communication hook ({str(e).splitlines()[0]}): it takes one; "
+                         f"leave the other out (a strategy's ddp_comm_hook, a hook of your own)") from None
+    return state
+
+
+def check_hook_ran(state: RoundedHookState, where: str) -> None:
+    """RuntimeError unless ``state``'s hook reduced a bucket (called after a step's backward):
+    without it the gradients were averaged in float32 and nothing was simulated."""
+    if state.calls == 0:
+        raise RuntimeError(f"{where}: the rounded all-reduce hook reduced no gradient bucket in the first "
+                           f"step: the gradients were averaged in float32 and the simulation did not happen "
+                           f"(was the model's DDP wrapper replaced, or are all parameters frozen?)")
 
 
 def rounded_allreduce_hook(state: RoundedHookState, bucket):  # no return annotation: DDP checks it
     """DDP communication hook: a Future of the bucket with its gradients reduced by ``state.reduce``:
     round the ring (``bfp.distributed.ring``) for the ring order, else all-gathered."""
+    state.calls += 1
     buf = bucket.buffer()
     shapes = [p.shape for p in bucket.parameters()]
     if ring_capable(state.reduce):

@@ -7,6 +7,7 @@ and in ``docs/formats.md``.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -162,6 +163,24 @@ def _spec(value: Any, opts: dict[str, Any]) -> Float:
 
 
 _FN, _FIN = Encoding.FN, Encoding.FINITE
+_ROUNDING_SUFFIX = {"": Rounding.NEAREST, "_rn": Rounding.NEAREST, "_tr": Rounding.TRUNCATE,
+                    "_rz": Rounding.TRUNCATE, "_sr": Rounding.STOCHASTIC}
+
+
+def _by_name(key: str) -> Optional[Float]:
+    """``e<E>m<M>`` (``E`` 1..8, ``M`` 0..23) for any ``Float(E, M)`` that is no preset, with an
+    optional ``_tr``/``_rz`` (truncation) or ``_sr`` (stochastic) rounding: IEEE encoding (Inf and
+    NaN at the top exponent), a 1-bit exponent ``finite`` (it has no IEEE normal numbers). The
+    OCP names (e4m3, e5m2, e3m2, e2m3, e2m1) are the presets' aliases and keep their encodings."""
+    m = re.fullmatch(r"e(\d)m(\d{1,2})(_rn|_tr|_rz|_sr)?", key)
+    if m is None:
+        return None
+    exp, man = int(m[1]), int(m[2])
+    if not (1 <= exp <= 8 and 0 <= man <= 23):
+        return None
+    return Float(exp, man, rounding=_ROUNDING_SUFFIX[m[3] or ""], encoding=_FIN if exp == 1 else Encoding.IEEE)
+
+
 register_family("float", Float, {
     "float32": Float(8, 23),
     "tf32": Float(8, 10),
@@ -176,4 +195,5 @@ register_family("float", Float, {
             "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "fp8_e4m3": "float8_e4m3fn",
             "fp8_e5m2": "float8_e5m2", "e3m2": "float6_e3m2fn", "e2m3": "float6_e2m3fn",
             "e2m1": "float4_e2m1fn", "fp4": "float4_e2m1fn"},
+    by_name=_by_name, name_hint="any e<E>m<M>, E 1..8 and M 0..23, is Float(E, M): e3m0, e5m10, e8m7_sr ...",
     spec=Spec("float", ("float", "rounding", "subnormals", "overflow", "encoding"), _spec, '{"float": [exp, man]}'))
