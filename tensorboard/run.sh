@@ -49,7 +49,10 @@ fi
 if command -v tensorboard >/dev/null 2>&1; then
   exec tensorboard --logdir "$LOGDIR" "${HOST_ARGS[@]}" --port "$PORT"
 fi
-if python3 -c "import tensorboard" >/dev/null 2>&1; then
+# Checked from / : run from the repository root, its own tensorboard/ folder (this script's) would
+# import as a namespace package named tensorboard and pass a check made there.
+if (cd / && python3 -c "import tensorboard.main") >/dev/null 2>&1; then
+  cd /
   exec python3 -m tensorboard.main --logdir "$LOGDIR" "${HOST_ARGS[@]}" --port "$PORT"
 fi
 echo "run.sh: nothing can serve TensorBoard: no docker image $IMAGE and no local tensorboard" \

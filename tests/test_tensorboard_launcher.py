@@ -4,6 +4,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -88,3 +89,20 @@ def test_without_the_image_nothing_is_pulled_and_it_falls_back_or_fails_clearly(
         assert r.returncode == 0 and "served -m tensorboard.main --logdir" in r.stdout
     else:
         assert r.returncode == 1 and "nothing can serve TensorBoard" in r.stderr
+
+
+def test_the_repositorys_own_tensorboard_folder_is_not_taken_for_tensorboard(tmp_path):
+    """Run from the repository root with a Python that lacks TensorBoard (site-packages off): the
+    folder tensorboard/ there imports as a namespace package, which must not pass the check."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    (bin_dir / "python3").chmod(0o755)
+    root = SCRIPT.parents[1]
+    assert subprocess.run([str(bin_dir / "python3"), "-c", "import tensorboard"], cwd=root).returncode == 0
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "BFP_RUNS": str(tmp_path / "runs"), "BFP_TB_LOCAL": "1",
+           "HOME": str(tmp_path)}
+    r = subprocess.run(["bash", "tensorboard/run.sh", "6124"], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "nothing can serve TensorBoard" in r.stderr, r.stdout + r.stderr
+    assert "No module named" not in r.stderr
