@@ -26,8 +26,8 @@ from torch import Tensor
 
 from . import functional as bfpF
 from .formats import Format, format_from_name
-from .kernels import check_history_values
 from .precision import LayerPrecision
+from .quantizer import check_history_values
 
 __all__ = ["QConv1d", "QConv2d", "QLinear", "QTransposedLinear", "QMatmul", "Matmul", "CONVERTIBLE",
            "QUANTIZED_TYPES", "quantized_twin", "chain_quantize_hooks", "restore_quantize_hooks"]

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .formats import Format, Rounding
-from .kernels import quantize, quantize_held, quantize_stats
+from .kernels import check_history_values, quantize, quantize_held, quantize_stats  # noqa: F401 (re-exported for layers)
 
 # quantizer(point, tensor, fmt) -> new tensor
 Quantizer = Callable[[str, Tensor, Format], Tensor]

@@ -39,8 +39,14 @@ def in_flags(task, e: BaseException) -> str:
     return as_flags(str(e), dests, task.hooks.flag_spellings)
 
 
-def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None) -> int:
-    """Parse ``argv`` as the task's script does and run it; returns the exit status."""
+def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None,
+             leave_group: Optional[bool] = None) -> int:
+    """Parse ``argv`` as the task's script does and run it; returns the exit status.
+    ``leave_group`` (default: when ``argv`` is None, the process's own command line, as the
+    scripts call it): after a finished run, wait for every rank and leave the process group
+    before returning, not at interpreter exit. A caller running several tasks in one process
+    keeps its group."""
+    leave_group = argv is None if leave_group is None else leave_group
     task = get_task(task_name)
     prog = prog or task.prog
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -61,7 +67,8 @@ def run_task(task_name: str, argv: Optional[Sequence[str]] = None, *, prog: Opti
                sweep_mode if mode == "sweep" else evaluate if task.hooks.evaluate_only(spec.args) else
                compare if spec.args.compare else train)
         run(spec)
-        dist_env.shutdown(barrier=True)  # every rank done, then the group torn down before exit
+        if leave_group:
+            dist_env.shutdown(barrier=True)  # every rank done, then the group torn down before exit
         return 0
     except (UsageError, CheckpointError) as e:
         if not said_by_rank_0(e):
@@ -139,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command in TASKS:
-        return run_task(command, rest, prog=f"bfp {command}")
+        return run_task(command, rest, prog=f"bfp {command}", leave_group=True)
     if command == "generate-config":
         task = "cifar"
         if "--task" in rest:
@@ -148,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(f"bfp generate-config: error: --task needs one of {', '.join(TASKS)}", file=sys.stderr)
                 return 2
             task, rest = rest[i + 1], rest[:i] + rest[i + 2:]
-        return run_task(task, ["--mode", "generate-config", *rest], prog="bfp generate-config")
+        return run_task(task, ["--mode", "generate-config", *rest], prog="bfp generate-config", leave_group=True)
     if command == "plot":
         return plot.main(rest, prog="bfp plot")
     print(f"bfp: error: unknown command {command!r}; allowed: {', '.join([*TASKS, 'generate-config', 'plot'])}\n"
