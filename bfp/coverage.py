@@ -12,7 +12,7 @@ a ``ConfigError`` under ``strict`` and a warning for a preset that promises ever
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from .config import ConfigError, NetConfig
@@ -34,6 +34,7 @@ class Gemm:
     quantized: bool
     reason: str = ""
     on_purpose: bool = True
+    macs: Optional[int] = None  # multiply-adds the dispatcher counted (None: opaque, or no census)
 
 
 @dataclass(frozen=True)
@@ -49,15 +50,30 @@ class Coverage:
     def uncovered(self) -> tuple[Gemm, ...]:
         return tuple(g for g in self.gemms if not g.quantized and not g.on_purpose)
 
+    @property
+    def total_macs(self) -> int:
+        return sum(g.macs or 0 for g in self.gemms)
+
+    def share(self, g: Gemm) -> str:
+        """``g``'s share of the forward's multiply-adds, in words ('' without a census)."""
+        if g.macs is None:
+            return " (opaque: its multiply-adds cannot be counted)" if self.total_macs else ""
+        return f" ({100 * g.macs / self.total_macs:.1f}% of the multiply-adds)" if self.total_macs else ""
+
     def summary(self) -> str:
         on = f" (traced forward of {self.input_desc})" if self.input_desc else ""
-        return f"{self.quantized} of {len(self.gemms)} GEMMs quantized{on}"
+        total = self.total_macs
+        work = ""
+        if total:
+            done = sum(g.macs or 0 for g in self.gemms if g.quantized)
+            work = f", {100 * done / total:.1f}% of the forward's {total:,} multiply-adds"
+        return f"{self.quantized} of {len(self.gemms)} GEMMs quantized{work}{on}"
 
     def report(self) -> str:
-        """The summary and one line per GEMM left in FP32, with why."""
+        """The summary and one line per GEMM left in FP32, with why and its share of the work."""
         lines = [self.summary()]
         lines += [f"  FP32: {g.what}{'' if g.layer == '-' or g.layer in g.what else f' ({g.layer})'}: {g.reason}"
-                  for g in self.gemms if not g.quantized]
+                  f"{self.share(g)}" for g in self.gemms if not g.quantized]
         return "\n".join(lines)
 
     def check(self, cfg: NetConfig, strict: bool) -> None:
@@ -87,21 +103,35 @@ def _entry(what: str, name: str, type_name: str, cfg: NetConfig, order, plan, fi
     return Gemm(what, name, False, f"{rule.where or repr(rule.match)} gives it full precision")
 
 
+def _why_fp32(site, opaque: bool) -> str:
+    """Why an ``unsupported`` or ``recurrent`` site stays FP32, and what would quantize it."""
+    if site.kind == "recurrent":
+        return (f"{site.op}'s GEMMs run inside one fused recurrent op that bfp cannot quantize (build the cell "
+                f"from nn.Linear layers to have them quantized)")
+    if "grouped_mm" in site.op:
+        return (f"a grouped GEMM ({site.op}) has no quantized twin yet; a Hugging Face MoE model computes its "
+                f"experts as routed, quantized bmm with model.set_experts_implementation('batched_mm')")
+    if opaque:
+        return (f"{site.op} is an opaque custom op: bfp can neither see nor round what it computes inside")
+    return f"{site.op} has no quantized twin (compute it with torch.matmul or a module to have it routed)"
+
+
 def coverage_of(trace: GemmTrace, cfg: NetConfig, layers: Mapping[str, str], order, plan, filtered) -> Coverage:
-    """The ``Coverage`` of ``plan`` (layer name -> precision) over the GEMMs of ``trace``."""
+    """The ``Coverage`` of ``plan`` (layer name -> precision) over the GEMMs of ``trace``, each with
+    the multiply-adds the trace's census counted for it (an attention call's split over its two
+    products)."""
     gemms = []
     for site in trace.sites:
+        macs = trace.macs(site) if trace.census else None
         if site.kind in ("unsupported", "recurrent"):
-            why = (f"{site.op}'s GEMMs run inside one fused recurrent op that bfp cannot quantize (build the cell "
-                   f"from nn.Linear layers to have them quantized)" if site.kind == "recurrent" else
-                   f"{site.op} has no quantized twin (compute it with torch.matmul or a module to have it routed)")
-            gemms.append(Gemm(site.describe(), "-", False, why, on_purpose=False))
+            opaque = any(r.opaque for r in trace.census if r.key == site)
+            gemms.append(Gemm(site.describe(), "-", False, _why_fp32(site, opaque), on_purpose=False, macs=macs))
             continue
-        for name in site.layer_names():
-            if name not in layers:
-                continue
+        names = [n for n in site.layer_names() if n in layers]
+        for name in names:
             tail = name.rpartition(".")[2].rstrip("0123456789")
             what = f"{_PRODUCT[tail]} of attention in {site.owner or '(model)'}" if site.kind == "sdpa" \
                 else f"{site.op} {name}" if site.kind == "layer" else f"{site.op} in {site.owner or '(model)'}"
-            gemms.append(_entry(what, name, layers[name], cfg, order, plan, filtered))
+            g = _entry(what, name, layers[name], cfg, order, plan, filtered)
+            gemms.append(replace(g, macs=None if macs is None else macs // len(names)))
     return Coverage(tuple(gemms), trace.input_desc)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from .census import GemmCensus
 from .layers import CONVERTIBLE, QTransposedLinear, quantized_twin
 
 __all__ = ["Site", "GemmTrace", "trace_gemms", "MATMUL_FUNCS", "SDPA", "type_name_of"]
@@ -120,10 +121,21 @@ class Site:
 
 @dataclass(frozen=True)
 class GemmTrace:
-    """The sites of one traced forward, in execution order, and what the forward was given."""
+    """The sites of one traced forward, in execution order, and what the forward was given;
+    ``census``: every GEMM the dispatcher ran (``bfp.census``), each record keyed by its site."""
 
     sites: tuple[Site, ...]
     input_desc: str = ""
+    census: tuple = ()
+
+    def macs(self, site: Site) -> Optional[int]:
+        """The multiply-adds the dispatcher counted for ``site`` (None: opaque or not seen there)."""
+        rec = [r for r in self.census if r.key == site]
+        return None if not rec or any(r.opaque for r in rec) else sum(r.macs for r in rec)
+
+    @property
+    def total_macs(self) -> int:
+        return sum(r.macs for r in self.census if not r.opaque)
 
     def execution_order(self) -> tuple[str, ...]:
         """Convertible-layer names in the order the forward computes them (routed names included)."""
@@ -142,9 +154,12 @@ class GemmTrace:
 
 
 class _Recorder(TorchFunctionMode):
+    """The function-level sites; ``current`` is the site whose function runs now (the census
+    gives it the GEMMs the function dispatches)."""
+
     def __init__(self, stack: list, sites: dict):
         super().__init__()
-        self.stack, self.sites = stack, sites
+        self.stack, self.sites, self.current = stack, sites, None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -155,9 +170,31 @@ class _Recorder(TorchFunctionMode):
             if kind is not None:
                 op = "scaled_dot_product_attention" if kind == "sdpa" else MATMUL_FUNCS.get(func) or _UNSUPPORTED[func]
                 key = kind if kind != "unsupported" else op
-                self.sites.setdefault(Site(kind, name, op, counts[key]), None)
+                site = Site(kind, name, op, counts[key])
+                self.sites.setdefault(site, None)
                 counts[key] += 1
+                prev, self.current = self.current, site
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    self.current = prev
         return func(*args, **kwargs)
+
+
+def _site_of_dispatch(stack: list, recorder: _Recorder, sites: dict, op: str) -> Site:
+    """The site a dispatched GEMM belongs to: the function site running it, else the innermost
+    convertible layer computing it, else a new ``unsupported`` site of the innermost module named
+    after the op (a GEMM no function-level rule knows: the census never lets one pass unseen)."""
+    if recorder.current is not None:
+        return recorder.current
+    for name, module, is_layer, _ in reversed(stack):
+        if is_layer:
+            return Site("layer", name, type_name_of(module))
+    name, _, _, counts = stack[-1] if stack else ("", None, False, Counter())
+    site = Site("unsupported", name, op, counts[op])
+    counts[op] += 1
+    sites.setdefault(site, None)
+    return site
 
 
 def _call(model: nn.Module, example_input: Any):
@@ -196,7 +233,9 @@ def trace_gemms(model: nn.Module, example_input: Any, input_desc: str = "") -> G
         for m in model.modules():
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post, always_call=True))
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), _Recorder(stack, sites):
+        recorder = _Recorder(stack, sites)
+        census = GemmCensus(lambda op: _site_of_dispatch(stack, recorder, sites, op))
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), recorder, census:
             model.eval()
             _call(model, example_input)
     finally:
@@ -204,7 +243,7 @@ def trace_gemms(model: nn.Module, example_input: Any, input_desc: str = "") -> G
             h.remove()
         for m, training in modes.items():
             m.training = training
-    return GemmTrace(tuple(sites), input_desc)
+    return GemmTrace(tuple(sites), input_desc, tuple(census.records))
 
 
 def describe_input(example_input: Any) -> str:

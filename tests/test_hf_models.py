@@ -143,7 +143,9 @@ def test_unsupported_ops_are_reported_and_strict_refuses_them():
     rep = conversion_report(model)
     assert "einsum in (model): einsum has no quantized twin" in rep
     # a and c are first and last, the matmul is quantized, the einsum is not; b never runs as a module
-    assert "1 of 4 GEMMs quantized (traced forward of 4x4 float32)" in rep
+    assert "1 of 4 GEMMs quantized, 25.0% of the forward's 256 multiply-adds (traced forward of 4x4 float32)" in rep
+    assert "einsum has no quantized twin (compute it with torch.matmul or a module to have it routed) (25.0% of the "\
+           "multiply-adds)" in rep
     with pytest.raises(ConfigError, match=r"strict coverage: 1 GEMM\(s\) .*einsum in \(model\)"):
         convert(Einsum(), "any_fp8_e4m3", example_input=x, strict=True)
     with pytest.raises(ValueError, match="needs an example input"):

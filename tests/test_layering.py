@@ -8,7 +8,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "bfp"
 # Bottom to top (docs/architecture.md). A module may import its own floor and lower ones.
-FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumulate", "overflow", "quantizer", "functional", "layers", "trace", "attention", "routes", "config", "coverage", "conversion", "diagnostics",
+FLOORS = ["formats", "kernels", "precision", "hadamard", "tensorcore", "accumulate", "overflow", "quantizer", "functional", "layers", "census", "trace", "attention", "routes", "config", "coverage", "conversion", "diagnostics",
           "models", "amp", "optim", "distributed", "integrations", "data", "engine", "dynamic", "cli", "experiments"]
 # Imports inside functions that reach bfp modules on purpose: backends that load on first use.
 # (The backends' own modules load through bfp.kernels.runtime, by name, not by import statements.)
