@@ -183,13 +183,15 @@ class _Recorder(TorchFunctionMode):
 
 def _site_of_dispatch(stack: list, recorder: _Recorder, sites: dict, op: str) -> Site:
     """The site a dispatched GEMM belongs to: the function site running it, else the innermost
-    convertible layer computing it, else a new ``unsupported`` site of the innermost module named
+    convertible layer or recurrent module computing it, else a new ``unsupported`` site of the innermost module named
     after the op (a GEMM no function-level rule knows: the census never lets one pass unseen)."""
     if recorder.current is not None:
         return recorder.current
     for name, module, is_layer, _ in reversed(stack):
         if is_layer:
             return Site("layer", name, type_name_of(module))
+        if isinstance(module, RECURRENT):  # the fused recurrent op's own GEMMs
+            return Site("recurrent", name, type(module).__name__)
     name, _, _, counts = stack[-1] if stack else ("", None, False, Counter())
     site = Site("unsupported", name, op, counts[op])
     counts[op] += 1

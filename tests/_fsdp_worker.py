@@ -90,6 +90,7 @@ def train_sharded(m: nn.Module, out: str, mp=None, install=lambda m: []) -> None
         full = {k: v.full_tensor() for k, v in m.named_parameters()}
         if rank == 0:
             torch.save({"params": full, "calls": sum(c.calls for c in comms)}, out)
+        dist.barrier()  # every rank done before any tears its connections down (as the scripts do)
     finally:
         dist.destroy_process_group()
 
@@ -196,6 +197,7 @@ def tensor_parallel(presets: str, out: str) -> None:
                                  for name in ("e4m3", "fb16", "nvfp4") for f in [format_from_name(name)]}
         if int(os.environ["RANK"]) == 0:
             torch.save(saved, out)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
