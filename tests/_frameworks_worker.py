@@ -21,9 +21,8 @@ from bfp.integrations import as_reduce  # noqa: E402
 
 
 def lightning_run(how: str):
-    import lightning.pytorch as pl
-    from lightning.pytorch.strategies import DDPStrategy
-    from bfp.integrations.lightning import RoundedAllReduce
+    from bfp.integrations.lightning import RoundedAllReduce, pl
+    DDPStrategy = pl.strategies.DDPStrategy
 
     class Net(pl.LightningModule):
         def __init__(self):

@@ -10,20 +10,25 @@ its name) on the strategy's DDP module; before the first optimizer step it check
 reduced a bucket (``check_hook_ran``). Not ``DDPStrategy(ddp_comm_hook=...)``: Lightning registers
 that on CUDA only, and a CPU run would average in float32 with no word. A strategy that is not DDP
 (one device, FSDP, DeepSpeed) is refused at ``on_fit_start``; so is a DDP module that already has
-a hook. ``state`` (after ``on_fit_start``) is the hook's ``RoundedHookState``.
+a hook. ``state`` (after ``on_fit_start``) is the hook's ``RoundedHookState``. The callback is
+made for ``lightning.pytorch`` when the ``lightning`` package is installed, else for
+``pytorch_lightning`` (``pl`` here is the one in use: a Trainer takes only its own callbacks).
 """
 from __future__ import annotations
 
 from typing import Optional, Union
 
-import lightning.pytorch as pl
+try:  # the "lightning" package, else the same framework as "pytorch-lightning"
+    import lightning.pytorch as pl
+except ImportError:
+    import pytorch_lightning as pl
 
 from ..distributed.hook import RoundedHookState, check_hook_ran, install_rounded_hook
 from ..distributed.reduce import RoundedReduce
 from ..formats import Format
 from . import as_reduce
 
-__all__ = ["RoundedAllReduce"]
+__all__ = ["RoundedAllReduce", "pl"]
 
 
 class RoundedAllReduce(pl.Callback):
